@@ -1,0 +1,29 @@
+# Two commands do all set-up on a fresh machine with only Python:
+#   make test   -- creates .venv if missing, installs, runs the tests
+#   make run    -- same set-up, then runs the default experiment and writes its figures
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test run validate bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install --upgrade pip >/dev/null
+	$(PY) -m pip install -e '.[test]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+run: $(STAMP)
+	$(PY) -m spherepde.experiments.default --output output/default
+
+validate: $(STAMP)
+	$(PY) -m validation.run_all
+
+clean:
+	rm -rf output .pytest_cache

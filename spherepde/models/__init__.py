@@ -1,0 +1,6 @@
+"""Velocity models: the physics. Each is a frozen object of physical parameters."""
+from .base import Model, tangent_project
+from .prescribed import Prescribed
+from .zero_temperature import ZeroTemperature
+
+__all__ = ["Model", "Prescribed", "ZeroTemperature", "tangent_project"]
