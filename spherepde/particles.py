@@ -1,0 +1,383 @@
+"""Token (particle) simulations of the transformer dynamics on S^(d-1), for the same models as the PDE.
+
+Functions
+---------
+simulate_particles(model, x0, t_end, dt, save_at=None, method="euler", hardmax=False, weights=None)
+    Integrate n tokens; returns a :class:`ParticleResult`.
+particle_velocity(model, x, t=0.0, weights=None, hardmax=False)
+    The velocity of every token in a configuration (the right-hand side the schemes integrate).
+
+Schemes (registry :data:`SCHEMES`)
+----------------------------------
+``"euler"``  Algorithm 1 of the paper: explicit Euler step, then x <- x / |x|.
+``"rk4"``    Classical Runge-Kutta 4 on the field g(x) = v(x / |x|) (stages normalised), then x <- x / |x|.
+             Fourth order: g is a smooth extension of v off the sphere whose flow keeps |x| constant,
+             and the final renormalisation moves the point by O(dt^5).
+
+Interaction rules (``ParticleResult.rule``), chosen from the model
+------------------------------------------------------------------
+``"softmax"``      models with attributes ``B, V, beta`` (``Attention``), finite beta:
+                   dx_i/dt = P_{x_i}( V sum_j w_j e^{beta <x_i, B x_j>} x_j / sum_j w_j e^{beta <x_i, B x_j>} ).
+``"independent"``  ``ZeroTemperature``: Algorithm 2, each token moves alone with
+                   v_inf(x) = P_x(V B^T x) / |B^T x| (the beta = infinity limit *of the mean field*).
+``"hardmax"``      ``hardmax=True`` with a model having ``B`` and ``V`` (``Attention``, whose beta is then
+                   ignored, or ``ZeroTemperature``): the softmax over particles replaced by the hardmax,
+                   x_i attends only to argmax_j <x_i, B x_j>. This is Algorithm 1 with beta = infinity set
+                   formally; for finitely many tokens it is NOT Algorithm 2 and NOT the zero-temperature
+                   PDE (paper, Appendix C.1). Offered for comparison only.
+``"prescribed"``   ``Prescribed`` (and any local model): v = model.field(x, t).
+
+Conventions: score <x, B y>, value V y, A = V B^T (as everywhere in spherepde).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ._checks import as_points, finite_float
+from .kernels.particles import hardmax_mean, softmax_mean
+from .models.base import Model, tangent_project
+from .models.zero_temperature import ZeroTemperature
+
+__all__ = ["ParticleResult", "simulate_particles", "particle_velocity", "SCHEMES", "NORM_TOL"]
+
+log = logging.getLogger(__name__)
+
+#: Largest accepted deviation | |x0_i| - 1 | of the initial tokens (they are then renormalised exactly).
+NORM_TOL = 1e-6
+
+
+@dataclass(frozen=True, eq=False)
+class ParticleResult:
+    """Token trajectories saved at chosen times.
+
+    Attributes
+    ----------
+    times : (n_saved,) ndarray
+        Saved times, increasing, within [0, t_end].
+    positions : (n_saved, n, d) ndarray
+        Token positions (unit vectors) at ``times``.
+    weights : (n,) ndarray
+        Token masses (sum 1), constant in time: the empirical measure is sum_i w_i delta_{x_i(t)}.
+    model : object
+        The model that was integrated.
+    method : str
+        Time scheme (``"euler"`` = Algorithm 1, ``"rk4"``).
+    rule : str
+        Interaction rule: ``"softmax"``, ``"hardmax"``, ``"independent"`` (Algorithm 2) or ``"prescribed"``.
+    dt : float
+        Nominal time step (steps are shortened to land exactly on saved times and t_end).
+    n_steps : int
+        Number of steps taken.
+    """
+
+    times: np.ndarray
+    positions: np.ndarray
+    weights: np.ndarray
+    model: object
+    method: str
+    rule: str
+    dt: float
+    n_steps: int
+
+    @property
+    def n(self) -> int:
+        return self.positions.shape[1]
+
+    @property
+    def dim(self) -> int:
+        return self.positions.shape[2]
+
+    def measure(self, k: int = -1):
+        """``(points, weights)`` of the empirical measure at saved index ``k`` (default: last)."""
+        return self.positions[k], self.weights
+
+
+# ----------------------------------------------------------------------------------------------------
+# velocity
+
+
+def _rule(model, hardmax: bool) -> str:
+    if hardmax:
+        if not (hasattr(model, "B") and hasattr(model, "V")):
+            raise ValueError(
+                "hardmax=True needs a model with attention matrices B and V (Attention or ZeroTemperature), "
+                f"got {type(model).__name__}"
+            )
+        return "hardmax"
+    if isinstance(model, ZeroTemperature):
+        return "independent"
+    if all(hasattr(model, a) for a in ("B", "V", "beta")):
+        beta = float(model.beta)
+        if not np.isfinite(beta) or beta < 0:
+            raise ValueError(
+                f"model.beta must be finite and >= 0 for the softmax over particles, got {beta}; "
+                "use ZeroTemperature(B, V) for beta = infinity (Algorithm 2) or hardmax=True"
+            )
+        return "softmax"
+    if isinstance(model, Model) and getattr(model, "local", False):
+        return "prescribed"
+    raise TypeError(
+        f"model must be ZeroTemperature, an attention model with attributes B, V, beta, or a local Model "
+        f"with field(x, t) (e.g. Prescribed); got {type(model).__name__}"
+    )
+
+
+def _velocity_fn(model, rule: str, weights: np.ndarray) -> Callable[[np.ndarray, float], np.ndarray]:
+    """The right-hand side x (n, d), t -> v (n, d) for one rule (weights fixed for the run)."""
+    if rule == "independent":
+        return lambda x, t: model.velocity(x)
+    if rule == "prescribed":
+        return lambda x, t: model.field(x, t)
+
+    B = np.ascontiguousarray(model.B, dtype=float)
+    V = np.asarray(model.V, dtype=float)
+    with np.errstate(divide="ignore"):
+        logw = np.log(weights)
+
+    if rule == "softmax":
+        beta = float(model.beta)
+
+        def v_soft(x, t):
+            x = np.ascontiguousarray(x)
+            mean = np.empty_like(x)
+            lse = np.empty(x.shape[0])
+            softmax_mean(x, np.ascontiguousarray(x.T), logw, B, beta, mean, lse)
+            return tangent_project(x, mean @ V.T)
+
+        return v_soft
+
+    def v_hard(x, t):
+        x = np.ascontiguousarray(x)
+        mean = np.empty_like(x)
+        hardmax_mean(x, np.ascontiguousarray(x.T), logw, B, mean)
+        return tangent_project(x, mean @ V.T)
+
+    return v_hard
+
+
+def particle_velocity(model, x, t: float = 0.0, weights=None, hardmax: bool = False) -> np.ndarray:
+    """Velocity of every token of the configuration ``x``.
+
+    Parameters
+    ----------
+    model : ZeroTemperature, attention model (B, V, beta) or Prescribed
+    x : (n, d) array_like
+        Token positions (unit rows).
+    t : float
+        Time (used by time-dependent prescribed fields).
+    weights : (n,) array_like, optional
+        Token masses (default uniform 1/n).
+    hardmax : bool
+        Hardmax over particles instead of the softmax (see the module docstring).
+
+    Returns
+    -------
+    v : (n, d) ndarray
+        Tangent velocities; see the module docstring for the formula of each rule.
+    """
+    d = _model_dim(model)
+    x = as_points(x, d, "x")
+    w = _check_weights(weights, x.shape[0])
+    rule = _rule(model, hardmax)
+    return _velocity_fn(model, rule, w)(x, float(t))
+
+
+# ----------------------------------------------------------------------------------------------------
+# schemes
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1)[:, None]
+
+
+def _euler_step(v, x, t, h):
+    """Algorithm 1: x <- N(x + h v(x, t)), N(y) = y / |y|."""
+    return _normalise(x + h * v(x, t))
+
+
+def _rk4_step(v, x, t, h):
+    """Classical RK4 on g(y) = v(y/|y|): stages normalised, result renormalised."""
+    k1 = v(x, t)
+    k2 = v(_normalise(x + 0.5 * h * k1), t + 0.5 * h)
+    k3 = v(_normalise(x + 0.5 * h * k2), t + 0.5 * h)
+    k4 = v(_normalise(x + h * k3), t + h)
+    return _normalise(x + (h / 6.0) * (k1 + 2.0 * k2 + 2.0 * k3 + k4))
+
+
+#: Time schemes by name: ``step(v, x, t, h) -> x_new`` on the sphere, with their order of accuracy.
+SCHEMES: dict[str, tuple[Callable, int]] = {"euler": (_euler_step, 1), "rk4": (_rk4_step, 4)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# validation
+
+
+def _model_dim(model) -> int:
+    d = getattr(model, "dim", None)
+    if d is None and hasattr(model, "B"):
+        d = np.asarray(model.B).shape[0]
+    if d is None:
+        raise TypeError(f"model must have a dimension attribute dim, got {type(model).__name__}")
+    return int(d)
+
+
+def _check_weights(weights, n: int) -> np.ndarray:
+    if weights is None:
+        return np.full(n, 1.0 / n)
+    w = np.array(weights, dtype=float)
+    if w.shape != (n,):
+        raise ValueError(f"weights must have shape ({n},) (one mass per token), got {w.shape}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError("weights must be finite and >= 0")
+    s = w.sum()
+    if not s > 0:
+        raise ValueError("weights must have a positive sum")
+    return w / s
+
+
+def _check_x0(x0, d: int) -> np.ndarray:
+    x = as_points(x0, d, "x0")
+    if x.shape[0] < 1:
+        raise ValueError("x0 must hold at least one token, got shape (0, d)")
+    dev = np.abs(np.linalg.norm(x, axis=1) - 1.0)
+    if dev.max() > NORM_TOL:
+        i = int(np.argmax(dev))
+        raise ValueError(
+            f"x0 rows must be unit vectors (| |x| - 1 | <= {NORM_TOL:g}); row {i} has norm "
+            f"{np.linalg.norm(x[i]):.6g}. Normalise with x0 / np.linalg.norm(x0, axis=1, keepdims=True)"
+        )
+    return _normalise(x)
+
+
+def _time_knots(t_end: float, dt: float, save_at):
+    """Step end points: the uniform grid k dt, the save times and t_end, merged within 1e-9 dt."""
+    tol_merge = 1e-9 * dt
+    if isinstance(save_at, str):
+        if save_at != "all":
+            raise ValueError(f"save_at must be None, 'all' or an increasing array of times, got {save_at!r}")
+        save = None
+    elif save_at is None:
+        save = np.array([0.0, t_end]) if t_end > 0 else np.array([0.0])
+    else:
+        save = np.atleast_1d(np.array(save_at, dtype=float))
+        if save.ndim != 1 or save.size == 0:
+            raise ValueError("save_at must be a non-empty 1-D array of times")
+        if not np.all(np.isfinite(save)):
+            raise ValueError("save_at must be finite")
+        if np.any(np.diff(save) <= 0):
+            raise ValueError("save_at must be strictly increasing")
+        slack = 1e-12 * max(1.0, t_end)
+        if save[0] < -slack or save[-1] > t_end + slack:
+            raise ValueError(f"save_at must lie within [0, t_end] = [0, {t_end:g}], got [{save[0]:g}, {save[-1]:g}]")
+        save = np.clip(save, 0.0, t_end)
+    n_uniform = int(np.ceil(t_end / dt - 1e-9))
+    grid = np.minimum(np.arange(n_uniform + 1) * dt, t_end)
+    pts = np.concatenate([grid, [t_end], save if save is not None else []])
+    pts.sort()
+    knots = [pts[0]]
+    for p in pts[1:]:
+        if p - knots[-1] > tol_merge:
+            knots.append(p)
+    knots = np.array(knots)
+    if save is None:
+        save_idx = np.arange(knots.size)
+    else:
+        save_idx = np.array([int(np.argmin(np.abs(knots - s))) for s in save])
+    return knots, save_idx
+
+
+# ----------------------------------------------------------------------------------------------------
+# driver
+
+
+def simulate_particles(
+    model,
+    x0,
+    t_end: float,
+    dt: float,
+    save_at=None,
+    method: str = "euler",
+    hardmax: bool = False,
+    weights=None,
+) -> ParticleResult:
+    r"""Integrate n tokens on S^(d-1) under ``model``.
+
+    Parameters
+    ----------
+    model : ZeroTemperature, attention model (attributes B, V, beta) or Prescribed
+        Chooses the interaction rule (module docstring): ``ZeroTemperature`` moves tokens independently
+        with v_inf (Algorithm 2); an attention model uses the softmax over particles; ``Prescribed``
+        uses ``model.field(x, t)``.
+    x0 : (n, d) array_like
+        Initial tokens, unit rows (| |x| - 1 | <= 1e-6; renormalised exactly), d = ``model.dim``.
+    t_end : float
+        Final time, >= 0.
+    dt : float
+        Time step, > 0 (the paper uses 0.01). Steps are shortened where needed to hit saved times and
+        ``t_end`` exactly; with save times on the grid k dt the run is exactly Algorithm 1.
+    save_at : None, "all" or (n_saved,) array_like
+        Times at which positions are stored: None gives [0, t_end]; "all" every step; an array must be
+        strictly increasing within [0, t_end]. Memory: n_saved * n * d * 8 bytes.
+    method : {"euler", "rk4"}
+        ``"euler"`` is Algorithm 1 (explicit Euler + renormalisation); ``"rk4"`` is fourth order.
+    hardmax : bool, default False
+        Replace the softmax over particles by the hardmax (a different limit, see the module docstring).
+        Needs a model with B and V; a ``ZeroTemperature`` model then runs "Algorithm 1 at beta = inf",
+        not Algorithm 2.
+    weights : (n,) array_like, optional
+        Token masses (non-negative, normalised to sum 1); default uniform 1/n.
+
+    Returns
+    -------
+    ParticleResult
+        ``times`` (n_saved,), ``positions`` (n_saved, n, d), ``weights``, ``model``, ``method``, ``rule``.
+
+    Notes
+    -----
+    Softmax rule, with s_ij = beta <x_i, B x_j>:
+
+    .. math:: \dot x_i = P_{x_i}\Big(V \frac{\sum_j w_j e^{s_{ij}} x_j}{\sum_j w_j e^{s_{ij}}}\Big),
+              \qquad P_x(y) = y - \langle x, y\rangle x,
+
+    evaluated with a row-max shift (stable at any beta) in O(n^2 d) per evaluation without an n x n
+    array. Euler step: x <- (x + dt v) / |x + dt v|.
+
+    References
+    ----------
+    A. Alcalde, L. Bungert, K. Riedl, T. Roith, "Quantifying concentration phenomena of mean-field
+    transformers in the low-temperature regime", arXiv:2605.10931, Appendix C.1 (Algorithms 1, 2).
+    """
+    if method not in SCHEMES:
+        raise ValueError(f"method must be one of {sorted(SCHEMES)}, got {method!r}")
+    d = _model_dim(model)
+    x = _check_x0(x0, d)
+    t_end = finite_float(t_end, "t_end", low=0.0)
+    dt = finite_float(dt, "dt", low=0.0, low_open=True)
+    w = _check_weights(weights, x.shape[0])
+    rule = _rule(model, bool(hardmax))
+    knots, save_idx = _time_knots(t_end, dt, save_at)
+    v = _velocity_fn(model, rule, w)
+    step, _ = SCHEMES[method]
+
+    out = np.empty((save_idx.size, x.shape[0], d))
+    save_pos = {}
+    for s, k in enumerate(save_idx):
+        save_pos.setdefault(int(k), []).append(s)
+    log.info("simulate_particles: n=%d d=%d rule=%s method=%s steps=%d", x.shape[0], d, rule, method,
+             knots.size - 1)
+    for s in save_pos.get(0, []):
+        out[s] = x
+    for k in range(knots.size - 1):
+        x = step(v, x, knots[k], knots[k + 1] - knots[k])
+        for s in save_pos.get(k + 1, []):
+            out[s] = x
+    if not np.all(np.isfinite(out)):
+        raise FloatingPointError("particle positions became non-finite; reduce dt or check the model")
+    return ParticleResult(
+        times=knots[save_idx].copy(), positions=out, weights=w, model=model, method=method, rule=rule,
+        dt=dt, n_steps=knots.size - 1,
+    )
