@@ -1,0 +1,158 @@
+"""Diagnostics of a measure on S^(d-1) that the paper plots, for PDE and particle runs alike.
+
+Functions
+---------
+alignment(points, weights, basis)
+    int |P_S x|^2 d rho for the subspace S with orthonormal rows ``basis``.
+interaction_energy(points, weights, B, beta, log=False)
+    E_B(rho) = sum_ij w_i w_j exp(beta <x_i, B x_j>) (or its logarithm), without overflow.
+concentration_diagnostics(points, weights, B, V, p=0.25, limit=None, ...)
+    Dict of W2 to Pi#rho_0, alignment with E, F and F_abs, and V_p.
+
+All take a discrete measure ``(points (n, d), weights (n,))``; a grid density enters as
+``(grid.centers, f * grid.areas)``. Conventions: score <x, B y>, value V y, A = V B^T.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from scipy.special import logsumexp
+
+from .kernels.particles import softmax_mean
+from .spectral import SpectralData, as_basis, lyapunov_vp, spectral_data
+from .wasserstein import wasserstein2
+
+__all__ = ["alignment", "interaction_energy", "concentration_diagnostics"]
+
+logger = logging.getLogger(__name__)
+
+
+def _measure(points, weights):
+    x = np.ascontiguousarray(np.atleast_2d(np.asarray(points, dtype=float)))
+    w = np.asarray(weights, dtype=float).reshape(-1)
+    if x.ndim != 2 or w.shape != (x.shape[0],):
+        raise ValueError(f"points (n, d) and weights (n,) must match, got {np.shape(points)} and "
+                         f"{np.shape(weights)}")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(w))) or np.any(w < 0):
+        raise ValueError("points must be finite and weights finite and >= 0")
+    return x, w
+
+
+def alignment(points, weights, basis) -> float:
+    r"""Alignment int |P_S x|^2 d rho(x) with the subspace S spanned by the orthonormal rows of ``basis``.
+
+    Parameters
+    ----------
+    points : (n, d) array_like
+    weights : (n,) array_like
+        Masses (used as given: for a probability measure the result lies in [0, 1], and equals 1 iff
+        rho is supported on S).
+    basis : (k, d) array_like
+        Orthonormal rows (a (d,) vector is k = 1).
+
+    Returns
+    -------
+    float
+    """
+    x, w = _measure(points, weights)
+    b = as_basis(basis, x.shape[1], "basis")
+    c = x @ b.T
+    return float(np.dot(w, np.einsum("ij,ij->i", c, c)))
+
+
+def interaction_energy(points, weights, B, beta: float, log: bool = False) -> float:
+    r"""Interaction energy E_B(rho) = int int exp(beta <x, B y>) d rho(x) d rho(y) of a discrete measure.
+
+    Parameters
+    ----------
+    points : (n, d) array_like
+    weights : (n,) array_like
+        Masses >= 0.
+    B : (d, d) array_like
+        Score matrix (score <x, B y>).
+    beta : float
+        Inverse temperature, finite and >= 0.
+    log : bool, default False
+        Return log E_B (finite for any beta) instead of E_B (which overflows to inf beyond ~exp(709)).
+
+    Returns
+    -------
+    float
+
+    Notes
+    -----
+    log E_B = logsumexp_i( log w_i + log sum_j w_j exp(beta <x_i, B x_j>) ), the inner sums by the
+    shifted row log-sum-exp of the particle kernel: O(n^2 d), no n x n array, no overflow.
+    """
+    x, w = _measure(points, weights)
+    d = x.shape[1]
+    Bm = np.ascontiguousarray(np.asarray(B, dtype=float))
+    if Bm.shape != (d, d) or not np.all(np.isfinite(Bm)):
+        raise ValueError(f"B must be a finite {d} x {d} matrix, got shape {Bm.shape}")
+    beta = float(beta)
+    if not np.isfinite(beta) or beta < 0:
+        raise ValueError(f"beta must be finite and >= 0, got {beta}")
+    if not w.sum() > 0:
+        raise ValueError("weights must have positive total mass")
+    keep = w > 0
+    x, w = np.ascontiguousarray(x[keep]), w[keep]
+    logw = np.log(w)
+    mean = np.empty_like(x)
+    lse = np.empty(x.shape[0])
+    softmax_mean(x, np.ascontiguousarray(x.T), logw, Bm, beta, mean, lse)
+    logE = float(logsumexp(logw + lse))
+    if log:
+        return logE
+    if logE > 709.0:
+        logger.warning("interaction_energy overflows (log E = %.6g); use log=True", logE)
+        return np.inf
+    return float(np.exp(logE))
+
+
+def concentration_diagnostics(points, weights, B, V, p: float = 0.25, limit=None, cost: str = "chordal",
+                              spectral: SpectralData | None = None, strict_vp: bool = True,
+                              wasserstein_kwargs: dict | None = None) -> dict:
+    r"""The paper's plotted quantities for one measure rho = sum_i w_i delta_{x_i}.
+
+    Parameters
+    ----------
+    points : (n, d) array_like
+    weights : (n,) array_like
+        Masses (a probability measure: particles 1/n, a grid density f * areas).
+    B, V : (d, d) array_like
+        Score and value matrices (ignored if ``spectral`` is given).
+    p : float, default 0.25
+        Exponent of V_p (0 < p <= 1; with ``strict_vp`` it must satisfy 2p < dim E).
+    limit : tuple (points, weights), optional
+        The limit measure Pi#rho_0 of the *initial* measure (``limit_measure(...)``); when given, the
+        distance W2(rho, Pi#rho_0) is returned under ``"w2_limit"`` (else NaN).
+    cost : {"chordal", "geodesic"}
+    spectral : SpectralData, optional
+        Precomputed ``spectral_data(B, V)``.
+    strict_vp : bool
+        Passed to :func:`spherepde.spectral.lyapunov_vp` as ``strict``.
+    wasserstein_kwargs : dict, optional
+        Extra arguments of :func:`spherepde.wasserstein.wasserstein2` (``max_size``, ``coarsen``).
+
+    Returns
+    -------
+    dict
+        ``w2_limit`` W2(rho, Pi#rho_0); ``alignment_E``, ``alignment_F``, ``alignment_F_abs``
+        (int |P_S x|^2 d rho); ``V_p``; ``mass`` (total mass of rho); ``p``.
+    """
+    s = spectral if spectral is not None else spectral_data(B, V)
+    x, w = _measure(points, weights)
+    out = {
+        "mass": float(w.sum()),
+        "alignment_E": alignment(x, w, s.E),
+        "alignment_F": alignment(x, w, s.F),
+        "alignment_F_abs": alignment(x, w, s.F_abs),
+        "V_p": lyapunov_vp(x, w, s.E, p, strict=strict_vp),
+        "p": float(p),
+        "w2_limit": np.nan,
+    }
+    if limit is not None:
+        lp, lw = limit
+        out["w2_limit"] = wasserstein2(x, w, lp, lw, cost=cost, **(wasserstein_kwargs or {}))
+    return out
