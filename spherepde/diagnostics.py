@@ -19,7 +19,7 @@ import logging
 import numpy as np
 from scipy.special import logsumexp
 
-from .kernels.particles import softmax_mean
+from .kernels.particles import launch, softmax_mean
 from .spectral import SpectralData, as_basis, lyapunov_vp, spectral_data
 from .wasserstein import wasserstein2
 
@@ -100,7 +100,7 @@ def interaction_energy(points, weights, B, beta: float, log: bool = False) -> fl
     logw = np.log(w)
     mean = np.empty_like(x)
     lse = np.empty(x.shape[0])
-    softmax_mean(x, np.ascontiguousarray(x.T), logw, Bm, beta, mean, lse)
+    launch(softmax_mean, x.shape[0] ** 2, x, np.ascontiguousarray(x.T), logw, Bm, beta, mean, lse)
     logE = float(logsumexp(logw + lse))
     if log:
         return logE

@@ -38,7 +38,7 @@ from typing import Callable
 import numpy as np
 
 from ._checks import as_points, finite_float
-from .kernels.particles import hardmax_mean, softmax_mean
+from .kernels.particles import hardmax_mean, launch, softmax_mean
 from .models.base import Model, tangent_project
 from .models.zero_temperature import ZeroTemperature
 
@@ -145,7 +145,7 @@ def _velocity_fn(model, rule: str, weights: np.ndarray) -> Callable[[np.ndarray,
             x = np.ascontiguousarray(x)
             mean = np.empty_like(x)
             lse = np.empty(x.shape[0])
-            softmax_mean(x, np.ascontiguousarray(x.T), logw, B, beta, mean, lse)
+            launch(softmax_mean, x.shape[0] ** 2, x, np.ascontiguousarray(x.T), logw, B, beta, mean, lse)
             return tangent_project(x, mean @ V.T)
 
         return v_soft
@@ -153,7 +153,7 @@ def _velocity_fn(model, rule: str, weights: np.ndarray) -> Callable[[np.ndarray,
     def v_hard(x, t):
         x = np.ascontiguousarray(x)
         mean = np.empty_like(x)
-        hardmax_mean(x, np.ascontiguousarray(x.T), logw, B, mean)
+        launch(hardmax_mean, x.shape[0] ** 2, x, np.ascontiguousarray(x.T), logw, B, mean)
         return tangent_project(x, mean @ V.T)
 
     return v_hard

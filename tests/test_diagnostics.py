@@ -64,12 +64,12 @@ def test_energy_increases_along_flow_for_B_equal_V():
     Q, _ = np.linalg.qr(rng.standard_normal((3, 3)))
     B = Q @ np.diag([1.0, 0.3, -0.5]) @ Q.T
     x0 = sample_uniform(100, 3, rng)
-    res = simulate_particles(FakeAttention(B, B, 2.0), x0, 3.0, 0.005, method="rk4",
+    res = simulate_particles(FakeAttention(B, B, 2.0), x0, 3.0, 0.02, method="rk4",
                              save_at=np.linspace(0, 3, 13))
     e = [interaction_energy(x, res.weights, B, 2.0, log=True) for x in res.positions]
     assert np.all(np.diff(e) > 0), e
     # and for B = -V it decreases
-    res = simulate_particles(FakeAttention(B, -B, 2.0), x0, 3.0, 0.005, method="rk4",
+    res = simulate_particles(FakeAttention(B, -B, 2.0), x0, 3.0, 0.02, method="rk4",
                              save_at=np.linspace(0, 3, 13))
     e = [interaction_energy(x, res.weights, B, 2.0, log=True) for x in res.positions]
     assert np.all(np.diff(e) < 0), e
