@@ -71,7 +71,8 @@ def main(argv=None):
         f"n = {args.n} tokens, d = 3, paper matrices B = diag(-1,-1,1), V = diag(-1,1,-2), dt = {DT}, "
         f"mean of {args.steps} steps after warm-up.",
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-        f"numba {numba.__version__} with {numba.get_num_threads()} threads.",
+        f"numba {numba.__version__} with {numba.get_num_threads()} threads; load average at the end "
+        f"{os.getloadavg()[0]:.1f} (timings scale with competing load).",
         "",
         "| rule | method | field evaluations / step | s / step |",
         "|---|---|---|---|",
