@@ -1,0 +1,1 @@
+"""Numba kernels: all jitted code of spherepde lives here (flat arrays and scalars in, no objects)."""

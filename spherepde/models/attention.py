@@ -1,0 +1,304 @@
+"""Finite-temperature model: the softmax-attention mean field m_beta and v = P_x(V m_beta).
+
+Conventions (MODEL.md): score <x, B y> with B = Q^T K, value map y -> V y, so
+
+    m_beta(x) = sum_j y_j exp(beta <x, B y_j>) w_j / sum_j exp(beta <x, B y_j>) w_j,
+    v(x) = P_x(V m_beta(x)),   P_x(y) = y - <x, y> x.
+
+With kappa = beta |B^T x| and u = B^T x / |B^T x| the kernel is exp(kappa <u, y>): a von Mises-Fisher
+kernel in y centred at u (not at x). All numerical kernels are in :mod:`spherepde.kernels.attention`.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._checks import as_matrix, as_points, finite_float
+from ..kernels import attention as _k
+from .base import Model, tangent_project
+
+__all__ = ["Attention", "METHODS", "SourceBlocks"]
+
+log = logging.getLogger(__name__)
+
+#: Evaluation methods accepted by :class:`Attention`.
+METHODS = ("auto", "direct", "pruned", "spectral")
+
+#: Sources per block and blocks per super-block of the pruned method.
+BLOCK = 64
+SUPER = 16
+#: Measured throughput of the direct kernel (kernel evaluations per second on 2 cores), for the
+#: cost model of ``method="auto"``.
+DIRECT_RATE = 1.0e9
+
+
+class SourceBlocks:
+    """Sources sorted into compact blocks (recursive coordinate bisection), any dimension.
+
+    Parameters
+    ----------
+    sources : (N, d) array
+        Unit source points.
+    block : int
+        Leaf size bound: leaves hold ``<= block`` points (about ``block / 2`` to ``block``).
+    group : int
+        Leaves per super-block.
+
+    Attributes
+    ----------
+    perm : (N,) int64
+        Sorting permutation: block k holds ``sources[perm[bstart[k]:bstart[k+1]]]``.
+    S : (d, N) float64
+        Sorted, transposed sources.
+    bstart, sstart : int64 arrays
+        Block ranges (in sources) and super-block ranges (in blocks).
+    bc, bcr, bsr, sc, scr, ssr : arrays
+        Centres (d, n) and cos / sin of the angular radii of blocks and super-blocks.
+
+    Notes
+    -----
+    The blocks depend only on the point set (never on a grid's numbering): each level splits every
+    segment at the median of its coordinate of largest spread. Leaves of one subtree are consecutive,
+    so super-blocks (``group`` consecutive leaves) are compact too.
+    """
+
+    def __init__(self, sources: np.ndarray, block: int = BLOCK, group: int = SUPER):
+        N, d = sources.shape
+        self.key = sources.copy()
+        depth = max(0, math.ceil(math.log2(max(N / block, 1.0))))
+        order = np.arange(N)
+        segs = [(0, N)]
+        for _ in range(depth):
+            nxt = []
+            for a, b in segs:
+                if b - a < 2:
+                    nxt.append((a, b))
+                    continue
+                idx = order[a:b]
+                pts = sources[idx]
+                ax = int(np.argmax(pts.max(axis=0) - pts.min(axis=0)))
+                half = (b - a) // 2
+                part = np.argpartition(pts[:, ax], half)
+                order[a:b] = idx[part]
+                nxt.append((a, a + half))
+                nxt.append((a + half, b))
+            segs = nxt
+        self.perm = order
+        self.S = np.ascontiguousarray(sources[order].T)
+        self.bstart = np.array([a for a, _ in segs] + [N], dtype=np.int64)
+        nbk = len(segs)
+        self.sstart = np.append(np.arange(0, nbk, group), nbk).astype(np.int64)
+        pts = sources[order]
+        self.bc, self.bcr, self.bsr = self._geometry(pts, self.bstart)
+        sb = self.bstart[self.sstart]
+        self.sc, self.scr, self.ssr = self._geometry(pts, sb)
+
+    @staticmethod
+    def _geometry(pts, starts):
+        sums = np.add.reduceat(pts, starts[:-1], axis=0)
+        nrm = np.linalg.norm(sums, axis=1)
+        c = np.where(nrm[:, None] > 1e-8, sums / np.maximum(nrm, 1e-300)[:, None], pts[starts[:-1]])
+        c /= np.linalg.norm(c, axis=1)[:, None]
+        owner = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
+        dots = np.einsum("ij,ij->i", pts, c[owner])
+        cr = np.minimum.reduceat(dots, starts[:-1])
+        # widen by a rounding margin so that the bound is valid for every point of the cluster
+        cr = np.clip(cr - 1e-12, -1.0, 1.0)
+        sr = np.sqrt(1.0 - cr * cr)
+        return np.ascontiguousarray(c.T), cr, sr
+
+    def log_masses(self, w_sorted: np.ndarray):
+        with np.errstate(divide="ignore"):
+            bm = np.log(np.add.reduceat(w_sorted, self.bstart[:-1]))
+            sm = np.log(np.add.reduceat(w_sorted, self.bstart[self.sstart[:-1]]))
+        return bm, sm
+
+
+@dataclass(frozen=True, eq=False)
+class Attention(Model):
+    r"""Mean-field self-attention at inverse temperature beta (finite).
+
+    Parameters
+    ----------
+    B : (d, d) array_like
+        Attention matrix B = Q^T K: the score of x for y is <x, B y>. Need not be invertible.
+    V : (d, d) array_like
+        Value matrix: the velocity is P_x(V m).
+    beta : float
+        Inverse temperature, finite and >= 0 (beta = inf is :class:`~spherepde.ZeroTemperature`).
+    tol : float, default 1e-12
+        Guaranteed bound on |m_hat - m| at every target, for the methods "pruned", "spectral"
+        and "auto" ("direct" is exact to rounding).
+    method : {"auto", "direct", "pruned", "spectral"}, default "auto"
+        How the sums are evaluated; "auto" chooses by a cost model.
+
+    Notes
+    -----
+    For sources y_j on S^(d-1) with weights w_j >= 0 (cell centres and f_j |C_j| on a grid),
+
+    .. math:: m_\beta(x) = \frac{\sum_j y_j e^{\beta\langle x, B y_j\rangle} w_j}
+                               {\sum_j e^{\beta\langle x, B y_j\rangle} w_j},
+              \qquad v_\beta(x) = P_x(V m_\beta(x)).
+
+    Since |m| <= 1, |v| <= sigma_max(V).
+    """
+
+    B: np.ndarray
+    V: np.ndarray
+    beta: float
+    tol: float = 1e-12
+    method: str = "auto"
+    dim: int = field(init=False)
+    _cache: dict = field(init=False, repr=False, default_factory=dict)
+
+    steady = False
+    local = False
+
+    def __post_init__(self):
+        try:
+            b = float(self.beta)
+        except (TypeError, ValueError):
+            raise TypeError(f"beta must be a real number, got {self.beta!r}") from None
+        if b == np.inf:
+            raise ValueError("beta = inf is the zero-temperature limit: use spherepde.ZeroTemperature(B, V)")
+        b = finite_float(b, "beta", low=0.0)
+        B = as_matrix(self.B, "B")
+        V = as_matrix(self.V, "V", d=B.shape[0])
+        tol = finite_float(self.tol, "tol", low=0.0, low_open=True, high=0.1)
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        object.__setattr__(self, "B", B)
+        object.__setattr__(self, "V", V)
+        object.__setattr__(self, "beta", b)
+        object.__setattr__(self, "tol", tol)
+        object.__setattr__(self, "dim", B.shape[0])
+
+    # ------------------------------------------------------------------ helpers
+    def _centres(self, targets):
+        bx = targets @ self.B  # rows: B^T x
+        s = np.linalg.norm(bx, axis=1)
+        kappa = self.beta * s
+        U = np.zeros_like(bx)
+        ok = s > 0
+        U[ok] = bx[ok] / s[ok, None]
+        U[~ok, 0] = 1.0
+        kappa[~ok] = 0.0
+        return np.ascontiguousarray(U), kappa
+
+    def _blocks(self, sources) -> SourceBlocks:
+        sb = self._cache.get("blocks")
+        if sb is None or sb.key.shape != sources.shape or not np.array_equal(sb.key, sources):
+            sb = SourceBlocks(sources)
+            self._cache["blocks"] = sb
+        return sb
+
+    def _choose(self, kappa, N, M):
+        if self.method != "auto":
+            return self.method
+        if N * M <= 4e6:
+            return "direct"
+        kt = float(np.median(kappa))
+        # pruned: about N M (log(nb / eps) + 3) / kappa kernel evaluations (research note)
+        nb_ = max(N / BLOCK, 1.0)
+        frac = min(1.0, (math.log(nb_ / self.tol) + 3.0) / max(kt, 1e-300))
+        return "pruned" if frac < 0.7 else "direct"
+
+    # ------------------------------------------------------------------ public API
+    def mean_field(self, targets, sources, weights, method=None) -> np.ndarray:
+        """Softmax-attention mean m_beta at ``targets`` for the discrete measure sum_j w_j delta_{y_j}.
+
+        Parameters
+        ----------
+        targets : (M, d) array_like
+            Points x_i (unit vectors).
+        sources : (N, d) array_like
+            Points y_j on the unit sphere (renormalised to unit length).
+        weights : (N,) array_like
+            Weights w_j >= 0, not all zero (a density times cell areas).
+        method : str, optional
+            Overrides ``self.method`` for this call.
+
+        Returns
+        -------
+        (M, d) ndarray
+            m_beta(x_i), with |m_hat - m| <= tol at every target (rounding for "direct").
+        """
+        d = self.dim
+        x = as_points(targets, d, "targets")
+        y = as_points(sources, d, "sources")
+        w = np.asarray(weights, dtype=float)
+        if w.shape != (y.shape[0],):
+            raise ValueError(f"weights must have shape ({y.shape[0]},), got {w.shape}")
+        if not np.all(np.isfinite(w)) or np.any(w < 0):
+            raise ValueError("weights must be finite and >= 0")
+        if not np.any(w > 0):
+            raise ValueError("weights are all zero: the attention mean of the zero measure is undefined")
+        ny = np.linalg.norm(y, axis=1)
+        if np.any(ny == 0):
+            raise ValueError("sources must be points of the unit sphere (found a zero vector)")
+        y = y / ny[:, None]
+        U, kappa = self._centres(x)
+        M, N = x.shape[0], y.shape[0]
+        out = np.empty((M, d))
+        if M == 0:
+            return out
+        meth = method if method is not None else self._choose(kappa, N, M)
+        self._cache["method"] = meth
+        if meth not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {meth!r}")
+        if meth == "auto":
+            meth = self._choose(kappa, N, M) if self.method == "auto" else self.method
+        with np.errstate(divide="ignore"):
+            if meth == "direct":
+                S = np.ascontiguousarray(y.T)
+                lw = np.log(w)
+                if d == 3:
+                    _k.direct3(U, kappa, S, w, lw, out)
+                else:
+                    _k.direct_nd(U, kappa, S, w, lw, out)
+            elif meth == "pruned":
+                self._pruned(U, kappa, y, w, out)
+            else:
+                raise NotImplementedError(meth)
+        return out
+
+    def _pruned(self, U, kappa, y, w, out):
+        sb = self._blocks(y)
+        ws = w[sb.perm]
+        with np.errstate(divide="ignore"):
+            lw = np.log(ws)
+        blogm, slogm = sb.log_masses(ws)
+        nsum = np.empty(U.shape[0], dtype=np.int64)
+        # |m_hat - m| <= 2 eps / (1 - eps); the factor 0.45 leaves room for rounding
+        eps = 0.45 * self.tol
+        _k.pruned(U, kappa, sb.S, ws, lw, sb.bstart, sb.bc, sb.bcr, sb.bsr, blogm,
+                  sb.sstart, sb.sc, sb.scr, sb.ssr, slogm, eps, out, nsum)
+        self._cache["last_nsum"] = nsum
+        return out
+
+    def velocity_from_mean(self, points, m) -> np.ndarray:
+        """v = P_x(V m) at ``points`` (n, d) for attention means ``m`` (n, d)."""
+        x = as_points(points, self.dim)
+        m = as_points(m, self.dim, "m")
+        return tangent_project(x, m @ self.V.T)
+
+    def velocity_measure(self, points, sources, weights) -> np.ndarray:
+        """Velocity at ``points`` (n, d) for the measure sum_j weights_j delta_{sources_j}."""
+        return self.velocity_from_mean(points, self.mean_field(points, sources, weights))
+
+    def velocity(self, points, grid, density) -> np.ndarray:
+        """Velocity at ``points`` (n, d) for a grid density: sources = cell centres, weights = f |C|."""
+        dens = np.asarray(density, dtype=float)
+        return self.velocity_measure(points, grid.centers, dens * grid.areas)
+
+    def field(self, points, t=0.0, grid=None, density=None) -> np.ndarray:
+        if grid is None or density is None:
+            raise ValueError("the attention field is nonlocal: field() needs the grid and the density")
+        return self.velocity(points, grid, density)
+
+    def speed_bound(self) -> float:
+        # |P_x(V m)| <= |V m| <= sigma_max(V) |m| and |m| <= 1 (a convex combination of unit vectors)
+        return float(np.linalg.norm(self.V, 2))

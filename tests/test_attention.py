@@ -1,0 +1,224 @@
+"""Tests of the attention field: exact uniform-density formula, fast paths against the direct kernel
+and a plain NumPy twin, the tolerance guarantee at every target, limits, validation, fastexp."""
+from __future__ import annotations
+
+import healpy as hp
+import numpy as np
+import pytest
+
+from spherepde.kernels.fastexp import EXP_UNDERFLOW, fexp
+from spherepde.models.attention import METHODS, Attention, SourceBlocks
+
+FAST = ["pruned", "auto"]
+
+
+def pix(nside):
+    return np.array(hp.pix2vec(nside, np.arange(12 * nside**2))).T
+
+
+def numpy_twin(x, y, w, B, beta):
+    """Plain NumPy reference: log-sum-exp over the full score matrix (small N only)."""
+    with np.errstate(divide="ignore"):
+        s = beta * (x @ B) @ y.T + np.log(w)[None, :]
+    s -= s.max(axis=1, keepdims=True)
+    e = np.exp(s)
+    return (e @ y) / e.sum(axis=1, keepdims=True)
+
+
+def a3(k):
+    k = np.asarray(k, dtype=float)
+    small = k < 1e-3
+    ks = np.where(small, 1.0, k)
+    return np.where(small, k / 3 - k**3 / 45, 1 / np.tanh(ks) - 1 / ks)
+
+
+def random_B(rng, d=3):
+    return rng.normal(size=(d, d))
+
+
+def density(kind, x, rng):
+    if kind == "smooth":
+        return 1.0 + 0.5 * x[:, 0] + 0.3 * x[:, 1] * x[:, 2]
+    if kind == "vmf1e3":
+        c = rng.normal(size=x.shape[1])
+        c /= np.linalg.norm(c)
+        return np.exp(1e3 * (x @ c - 1.0))  # spans exp(-2000): underflows to exact zeros
+    if kind == "half":
+        return np.where(x[:, 2] > 0.1, 1.0 + x[:, 0] ** 2, 0.0)
+    if kind == "decades":
+        return 10.0 ** (-300.0 * (x[:, 0] + 1.0) / 2.0)  # 1 down to 1e-300
+    raise ValueError(kind)
+
+
+KINDS = ["smooth", "vmf1e3", "half", "decades"]
+
+
+# ---------------------------------------------------------------------------------------------------
+def test_fastexp_accuracy():
+    x = np.concatenate([np.linspace(EXP_UNDERFLOW, 0.0, 200_001), -np.logspace(-12, 2.8, 1001)])
+    from numba import njit
+
+    @njit
+    def ev(a):
+        out = np.empty_like(a)
+        for i in range(a.size):
+            out[i] = fexp(a[i])
+        return out
+
+    got, ref = ev(x), np.exp(x)
+    normal = ref > 2.3e-308
+    # the spec asks <= ~3e-14 relative (2^-53 ~ 1.1e-16 per operation; |x| up to 745 amplifies the
+    # rounding of k*ln2_lo to ~745 * 2^-53 * ln2-ish); subnormals: absolute error below 2^-1022 * 3e-14
+    assert np.max(np.abs(got[normal] - ref[normal]) / ref[normal]) <= 3e-14
+    assert np.max(np.abs(got[~normal] - ref[~normal])) <= 2.3e-308 * 3e-14 + 5e-324
+    assert ev(np.array([-746.0, -1e4, -np.inf, 0.0])).tolist() == [0.0, 0.0, 0.0, 1.0]
+
+
+def test_uniform_density_exact_formula():
+    # Uniform density on S^2: m = A_3(kappa) B^T x / |B^T x|. The midpoint (equal-weight pixel) rule at
+    # nside 64 has error O(h^2 kappa^2) relative to the vMF width: h ~ 0.016 rad, kappa <= ~5 here,
+    # measured max error 3e-6 at beta = 2; 2e-5 leaves a factor ~7 while an error in B vs B^T, the
+    # shift, or a missing factor is O(0.1).
+    rng = np.random.default_rng(1)
+    y = pix(64)
+    w = np.full(len(y), 4 * np.pi / len(y))
+    B = random_B(rng)
+    x = rng.normal(size=(300, 3))
+    x /= np.linalg.norm(x, axis=1)[:, None]
+    for beta in (0.3, 2.0):
+        m = Attention(B, np.eye(3), beta).mean_field(x, y, w)
+        bx = x @ B
+        s = np.linalg.norm(bx, axis=1)
+        exact = a3(beta * s)[:, None] * bx / s[:, None]
+        assert np.abs(m - exact).max() < 2e-5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_direct_matches_numpy_twin(kind):
+    # the twin computes beta <x, B y> directly: its rounding is ~beta |B| 1e-16 per exponent, which
+    # moves m by ~ that / kappa * kappa (the vMF covariance is 1/kappa): bound 1e-13 (beta <= 1e4)
+    rng = np.random.default_rng(2)
+    y = pix(8)
+    w = density(kind, y, rng) * 4 * np.pi / len(y)
+    for beta in (0.0, 1.0, 37.0, 1e3, 1e4):
+        B = random_B(rng)
+        m = Attention(B, np.eye(3), beta, method="direct").mean_field(y, y, w)
+        ref = numpy_twin(y, y, w, B, beta)
+        assert np.all(np.isfinite(m))
+        assert np.abs(m - ref).max() < 1e-13 * max(1.0, beta / 1e2)
+
+
+@pytest.mark.parametrize("method", FAST)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fast_paths_within_tol(method, kind):
+    # the guarantee |m_hat - m| <= tol at every target, against the direct kernel (which is exact to
+    # ~1e-15 here); tol = 1e-12 and 1e-8 both checked, on random B and beta in [0, 1e4]
+    rng = np.random.default_rng(3 + KINDS.index(kind))
+    y = pix(16)
+    w = density(kind, y, rng) * 4 * np.pi / len(y)
+    x = rng.normal(size=(500, 3))
+    x /= np.linalg.norm(x, axis=1)[:, None]
+    x = np.vstack([x, y[::7]])
+    for beta in (0.0, 0.5, 3.0, 30.0, 300.0, 1e4, float(rng.uniform(0, 1e4))):
+        B = random_B(rng)
+        ref = Attention(B, np.eye(3), beta, method="direct").mean_field(x, y, w)
+        for tol in (1e-12, 1e-8):
+            m = Attention(B, np.eye(3), beta, tol=tol, method=method).mean_field(x, y, w)
+            assert np.all(np.isfinite(m))
+            # 2e-15: rounding of the reference itself (sums of ~3000 terms, shifted exponents)
+            assert np.abs(m - ref).max() <= tol + 2e-15, (beta, tol)
+
+
+def test_pruned_actually_prunes_and_any_dimension():
+    rng = np.random.default_rng(4)
+    y = pix(16)
+    w = np.ones(len(y))
+    model = Attention(np.eye(3), np.eye(3), 1e3, method="pruned")
+    model.mean_field(y[:50], y, w)
+    assert model._cache["last_nsum"].max() < 0.2 * len(y)  # the cap of width ~0.1 rad is small
+    for d in (2, 4):
+        ys = rng.normal(size=(1500, d))
+        ys /= np.linalg.norm(ys, axis=1)[:, None]
+        wd = np.exp(rng.uniform(-50, 0, len(ys)))
+        B = random_B(rng, d)
+        for beta in (1.0, 300.0):
+            ref = numpy_twin(ys[:200], ys, wd, B, beta)
+            for meth in ("direct", "pruned"):
+                m = Attention(B, np.eye(d), beta, method=meth).mean_field(ys[:200], ys, wd)
+                assert np.abs(m - ref).max() < 1e-12
+
+
+def test_beta_zero_is_weighted_mean_and_small_beta_limit():
+    rng = np.random.default_rng(5)
+    y = pix(8)
+    w = rng.uniform(0, 1, len(y))
+    mean = (w[:, None] * y).sum(0) / w.sum()
+    B = random_B(rng)
+    for meth in ("direct", "pruned", "auto"):
+        m = Attention(B, np.eye(3), 0.0, method=meth).mean_field(y[:20], y, w)
+        assert np.abs(m - mean).max() < 1e-14
+    # first order in beta: m = mean + beta (Cov_w(y)) B^T x + O(beta^2)
+    beta = 1e-6
+    cov = (w[:, None, None] * np.einsum("ni,nj->nij", y - mean, y - mean)).sum(0) / w.sum()
+    m = Attention(B, np.eye(3), beta).mean_field(y[:20], y, w)
+    lin = mean + beta * (y[:20] @ B) @ cov
+    assert np.abs(m - lin).max() < 1e-11  # O(beta^2) = 1e-12 times moments of order 1
+
+
+def test_far_targets_and_extreme_weights_no_nan():
+    # all mass in a tiny cap, kernel centred at the antipode: shifted denominators underflow to 0
+    y = pix(16)
+    w = np.where(y[:, 2] > 0.99, 1e-300, 0.0)
+    x = -y[y[:, 2] > 0.99]
+    for meth in ("direct", "pruned", "auto"):
+        m = Attention(np.eye(3), np.eye(3), 1e4, method=meth).mean_field(x, y, w)
+        ref = numpy_twin(x, y, w, np.eye(3), 1e4)
+        assert np.all(np.isfinite(m))
+        assert np.abs(m - ref).max() < 1e-12
+
+
+def test_velocity_api_and_validation():
+    class G:
+        centers = pix(4)
+        areas = np.full(192, 4 * np.pi / 192)
+
+    rng = np.random.default_rng(6)
+    B, V = random_B(rng), random_B(rng)
+    model = Attention(B, V, 5.0)
+    f = 1 + G.centers[:, 0] ** 2
+    v = model.field(G.centers, 0.0, G, f)
+    m = model.mean_field(G.centers, G.centers, f * G.areas)
+    assert np.allclose(v, model.velocity_from_mean(G.centers, m))
+    assert np.abs(np.einsum("ij,ij->i", v, G.centers)).max() < 1e-14  # tangent
+    assert np.linalg.norm(v, axis=1).max() <= model.speed_bound()
+    assert model.dim == 3 and model.steady is False and model.local is False
+    with pytest.raises(ValueError, match="ZeroTemperature"):
+        Attention(B, V, np.inf)
+    for bad in (-1.0, np.nan):
+        with pytest.raises(ValueError):
+            Attention(B, V, bad)
+    with pytest.raises(ValueError):
+        Attention(B, np.eye(2), 1.0)
+    with pytest.raises(ValueError):
+        Attention(np.eye(1), np.eye(1), 1.0)
+    with pytest.raises(ValueError, match="method"):
+        Attention(B, V, 1.0, method="fmm")
+    with pytest.raises(ValueError, match="zero"):
+        model.mean_field(G.centers, G.centers, np.zeros(192))
+    with pytest.raises(ValueError):
+        model.mean_field(G.centers, G.centers, -np.ones(192))
+    Attention(np.zeros((3, 3)), V, 1.0).mean_field(G.centers, G.centers, f)  # singular B is allowed
+
+
+def test_source_blocks_are_compact_and_a_partition():
+    y = pix(16)
+    sb = SourceBlocks(y)
+    assert np.array_equal(np.sort(sb.perm), np.arange(len(y)))
+    sizes = np.diff(sb.bstart)
+    assert sizes.max() <= 64 and sizes.min() >= 32
+    # each block's exact radius covers its points (the bound relies on it)
+    for k in range(len(sizes)):
+        pts = sb.S[:, sb.bstart[k]:sb.bstart[k + 1]].T
+        assert np.all(pts @ sb.bc[:, k] >= sb.bcr[k])
+    # 48 pixels of ~0.064 rad: a disc of equal area has radius 0.25, a square patch ~0.33; strips >~ 1
+    assert np.arccos(sb.bcr).max() < 0.45
