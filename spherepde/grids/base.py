@@ -1,0 +1,145 @@
+"""What every grid provides: cells, faces, quadrature, reconstruction stencils.
+
+A grid's job is geometry only. The finite-volume kernels see flat arrays, never grid objects:
+
+- cells: ``centers`` (N, d) unit vectors, ``areas`` (N,), ``xbar`` (N, d) the cell mean positions
+  (1/|C| int_C x dA, inside the ball), a quadrature ``cell_points`` / ``cell_weights``;
+- faces: ``owner``, ``neighbour`` (F,), Gauss points ``face_points`` (F, G, d) and weighted normals
+  ``face_normals`` (F, G, d) such that sum_g u(X_g) . W_g approximates the flux integral
+  int_face u . n ds out of the owner; ``face_length`` (F,) and ``face_unit_normal`` (F, d) at the
+  midpoint for reference;
+- cell-to-face incidence ``cell_faces`` (N, K) and ``cell_face_sign`` (N, K) (+1 owner, -1 neighbour,
+  0 padding with face index 0);
+- a least-squares gradient stencil ``stencil`` (N, S) and coefficient vectors ``stencil_coef`` (N, S, d):
+  grad f_i = sum_k coef[i, k] (f[stencil[i, k]] - f[i]) (padding: index i, coefficient 0).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["Grid", "least_squares_stencil", "incidence"]
+
+
+class Grid:
+    """Base class. Subclasses fill the arrays listed in the module docstring."""
+
+    dim: int
+    centers: np.ndarray
+    areas: np.ndarray
+    xbar: np.ndarray
+    owner: np.ndarray
+    neighbour: np.ndarray
+    face_points: np.ndarray
+    face_normals: np.ndarray
+    face_weights: np.ndarray
+    cell_faces: np.ndarray
+    cell_face_sign: np.ndarray
+    stencil: np.ndarray
+    stencil_coef: np.ndarray
+
+    @property
+    def n_cells(self) -> int:
+        return self.centers.shape[0]
+
+    @property
+    def n_faces(self) -> int:
+        return self.owner.shape[0]
+
+    @property
+    def total_area(self) -> float:
+        return float(self.areas.sum())
+
+    def mass(self, f) -> float:
+        """Total mass sum_i f_i |C_i| of a cell-average density ``f``."""
+        return float(np.dot(np.asarray(f, float), self.areas))
+
+    def integrate(self, f) -> float:
+        return self.mass(f)
+
+    def cell_average(self, func, order: int | None = None) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    def sample_in_cells(self, cells, rng=None) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    def face_flux_of(self, u) -> np.ndarray:
+        """Approximate int_face u . n ds out of the owner for a field ``u(x) -> (n, d)``; shape (F,)."""
+        F, G, d = self.face_points.shape
+        vals = np.asarray(u(self.face_points.reshape(-1, d)), float).reshape(F, G, d)
+        return np.einsum("fgk,fgk->f", vals, self.face_normals)
+
+    def discrete_divergence(self, u) -> np.ndarray:
+        """(1/|C_i|) sum over faces of the flux of ``u``: the cell-average divergence, shape (N,)."""
+        flux = self.face_flux_of(u)
+        net = np.sum(self.cell_face_sign * flux[self.cell_faces], axis=1)
+        return net / self.areas
+
+
+def incidence(owner: np.ndarray, neighbour: np.ndarray, n_cells: int, width: int):
+    """Cell-to-face incidence arrays from the face lists (padding: face 0 with sign 0)."""
+    faces = np.zeros((n_cells, width), dtype=np.int64)
+    sign = np.zeros((n_cells, width), dtype=np.float64)
+    count = np.zeros(n_cells, dtype=np.int64)
+    for cells, s in ((owner, 1.0), (neighbour, -1.0)):
+        order = np.argsort(cells, kind="stable")
+        sorted_cells = cells[order]
+        # position of each face within its cell's list, offset by what the cell already has
+        first = np.searchsorted(sorted_cells, sorted_cells, side="left")
+        pos = np.arange(len(order)) - first + count[sorted_cells]
+        if pos.size and pos.max() >= width:
+            raise ValueError(f"a cell has more than {width} faces")
+        faces[sorted_cells, pos] = order
+        sign[sorted_cells, pos] = s
+        np.add.at(count, cells, 1)
+    return faces, sign, count
+
+
+def least_squares_stencil(xbar: np.ndarray, neighbours: np.ndarray) -> np.ndarray:
+    """Coefficient vectors of the least-squares gradient in the tangent plane at each cell.
+
+    Parameters
+    ----------
+    xbar : (N, d) cell mean positions.
+    neighbours : (N, S) neighbour indices, -1 where absent.
+
+    Returns
+    -------
+    coef : (N, S, d) with grad f_i = sum_k coef[i, k] (f_nb - f_i); zero rows for absent neighbours.
+
+    Notes
+    -----
+    Minimises sum_k w_k (f_k - f_i - g . (xbar_k - xbar_i))^2 over g in the tangent space at
+    xbar_i / |xbar_i| (dimension d - 1), with weights w_k = 1 / |xbar_k - xbar_i|^2.
+    """
+    N, S = neighbours.shape
+    d = xbar.shape[1]
+    present = neighbours >= 0
+    nb = np.where(present, neighbours, np.arange(N)[:, None])
+    diff = xbar[nb] - xbar[:, None, :]  # (N, S, d)
+    nrm = xbar / np.linalg.norm(xbar, axis=1, keepdims=True)
+    # tangent basis at each cell: complete nrm to an orthonormal frame
+    basis = _tangent_basis(nrm)  # (N, d-1, d)
+    local = np.einsum("nsd,ntd->nst", diff, basis)  # (N, S, d-1)
+    dist2 = np.einsum("nsd,nsd->ns", diff, diff)
+    w = np.where(present, 1.0 / np.where(dist2 > 0, dist2, 1.0), 0.0)
+    normal = np.einsum("ns,nst,nsu->ntu", w, local, local)  # (N, d-1, d-1)
+    inv = np.linalg.inv(normal)
+    coef_local = np.einsum("ntu,ns,nsu->nst", inv, w, local)  # (N, S, d-1)
+    return np.einsum("nst,ntd->nsd", coef_local, basis)
+
+
+def _tangent_basis(n: np.ndarray) -> np.ndarray:
+    """Orthonormal bases (N, d-1, d) of the planes orthogonal to the unit rows of ``n``."""
+    N, d = n.shape
+    # Householder reflection mapping e_k (k the coordinate where |n| is smallest... use largest) to n
+    k = np.argmax(np.abs(n), axis=1)
+    e = np.zeros_like(n)
+    e[np.arange(N), k] = 1.0
+    s = np.sign(n[np.arange(N), k])
+    v = n - s[:, None] * e
+    vv = np.einsum("ij,ij->i", v, v)
+    eye = np.eye(d)
+    H = eye[None] - 2.0 * np.einsum("ni,nj->nij", v, v) / np.where(vv > 0, vv, 1.0)[:, None, None]
+    # H maps s e_k to n, so the other columns of H span n's orthogonal complement.
+    cols = np.array([[j for j in range(d) if j != kk] for kk in range(d)])[k]  # (N, d-1)
+    return np.take_along_axis(np.transpose(H, (0, 2, 1)), cols[:, :, None], axis=1)
