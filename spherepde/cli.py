@@ -1,0 +1,211 @@
+"""The ``spherepde`` command line.
+
+Commands
+--------
+spherepde run EXPERIMENT.toml [--output DIR] [--restart] [--no-figures]
+    Run an experiment (resumes from DIR's checkpoint when there is one of the same configuration).
+spherepde plot RESULTS.h5 [--output DIR] [--kinds maps diagnostics ...]
+    Figures (and ``--fits``) from a results file, without re-running.
+spherepde validate [STUDY] [--quick] [--list]
+    Run ``validation/<STUDY>/run.py`` (every study with a ``run.py`` when STUDY is omitted).
+spherepde info
+    Versions, Numba threads and threading layer, CPU count.
+
+Exit status: 0 on success, 2 for a bad configuration or usage, 1 for other failures.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["main", "build_parser", "discover_studies"]
+
+log = logging.getLogger("spherepde.cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="spherepde", description="Mean-field transformer continuity equation "
+                                "on the sphere: run experiments, plot results, validate.")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only, no progress bar")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run an experiment TOML file")
+    r.add_argument("experiment", help="experiment configuration (TOML), see docs/examples/")
+    r.add_argument("--output", "-o", help="results directory (default: output/<experiment file stem>)")
+    r.add_argument("--restart", action="store_true", help="ignore an existing run in the output directory")
+    r.add_argument("--no-figures", action="store_true", help="skip diagnostics post-processing and figures")
+    r.add_argument("--check", action="store_true", help="validate the configuration and exit")
+
+    pl = sub.add_parser("plot", help="figures from a results file")
+    pl.add_argument("results", help="results file (results.h5) or a results directory")
+    pl.add_argument("--output", "-o", help="figure directory (default: <results dir>/figures)")
+    pl.add_argument("--kinds", nargs="+", help="figure kinds (default: from the stored configuration)")
+    pl.add_argument("--fits", action="store_true", help="also write HEALPix FITS maps of every saved time")
+
+    v = sub.add_parser("validate", help="run validation studies (validation/<study>/run.py)")
+    v.add_argument("study", nargs="?", help="study folder name (default: all)")
+    v.add_argument("--quick", action="store_true", help="passed on to the study: a fast, coarse version")
+    v.add_argument("--list", action="store_true", help="list the studies and exit")
+    v.add_argument("--root", default=None, help="validation folder (default: ./validation)")
+
+    sub.add_parser("info", help="versions, threads, CPU count")
+    return p
+
+
+def _setup_logging(verbose: int, quiet: bool):
+    level = logging.WARNING if quiet else (logging.DEBUG if verbose > 1 else logging.INFO)
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("spherepde").setLevel(level)
+
+
+# ----------------------------------------------------------------------------------------- commands
+def _cmd_run(args) -> int:
+    from .config import load_config
+    from .runner import run_experiment
+
+    cfg = load_config(args.experiment)
+    if args.check:
+        log.info("%s: configuration is valid", args.experiment)
+        return 0
+    out = Path(args.output) if args.output else Path("output") / Path(args.experiment).stem
+    result = run_experiment(cfg, out, restart=args.restart, progress=not args.quiet, figures=not args.no_figures)
+    log.info("results: %s (%d saved times, %d steps, %.2f s)", out / "results.h5", len(result.times),
+             result.n_steps, result.wall_time)
+    return 0
+
+
+def _cmd_plot(args) -> int:
+    from . import io
+    from .plotting import make_figures
+
+    path = Path(args.results)
+    if path.is_dir():
+        path = path / "results.h5"
+    result = io.load(path)
+    cfg = result.metadata.get("config")
+    kinds = args.kinds or (list(cfg.output.plots) if cfg is not None else ["maps", "diagnostics"])
+    if result.grid is None:
+        log.error("%s: cannot rebuild the grid (no stored configuration)", path)
+        return 1
+    out = Path(args.output) if args.output else path.parent / "figures"
+    if "concentration" in kinds and not result.metadata.get("concentration"):
+        from .runner import concentration_series
+
+        try:
+            result.metadata["concentration"] = concentration_series(
+                result, cfg.output.diagnostics_p if cfg else 0.25)
+        except ValueError as exc:
+            log.warning("concentration diagnostics skipped: %s", exc)
+    written = make_figures(result, out, kinds=kinds)
+    if args.fits:
+        fd = out / "fits"
+        fd.mkdir(parents=True, exist_ok=True)
+        written += [io.write_fits(result, fd / f"density_{i:04d}.fits", i) for i in range(len(result.times))]
+    for w in written:
+        log.info("wrote %s", w)
+    return 0
+
+
+def discover_studies(root=None) -> dict:
+    """``{name: path to run.py}`` for every folder under ``root`` (default ./validation) with a run.py."""
+    root = Path(root) if root else Path.cwd() / "validation"
+    if not root.is_dir():
+        return {}
+    return {d.name: d / "run.py" for d in sorted(root.iterdir()) if d.is_dir() and (d / "run.py").is_file()}
+
+
+def _cmd_validate(args) -> int:
+    studies = discover_studies(args.root)
+    if args.list or not studies:
+        if not studies:
+            log.warning("no validation studies (folders with a run.py) under %s",
+                        args.root or Path.cwd() / "validation")
+        for name in studies:
+            print(name)
+        return 0 if args.list or not args.study else 2
+    if args.study:
+        if args.study not in studies:
+            log.error("unknown study %r; available: %s", args.study, ", ".join(studies))
+            return 2
+        studies = {args.study: studies[args.study]}
+    failed = []
+    for name, script in studies.items():
+        cmd = [sys.executable, str(script)] + (["--quick"] if args.quick else [])
+        log.info("validate %s: %s", name, " ".join(cmd))
+        rc = subprocess.call(cmd, cwd=script.parent.parent.parent)
+        if rc != 0:
+            failed.append(name)
+            log.error("study %s failed (exit status %d)", name, rc)
+    if failed:
+        log.error("%d of %d studies failed: %s", len(failed), len(studies), ", ".join(failed))
+        return 1
+    return 0
+
+
+def info_text() -> str:
+    """Versions, Numba configuration and CPU count as text."""
+    from .io import versions
+
+    lines = [f"{k:12s} {v}" for k, v in versions().items()]
+    try:
+        import numba
+
+        lines.append(f"{'numba threads':12s} {numba.get_num_threads()} (NUMBA_NUM_THREADS="
+                     f"{os.environ.get('NUMBA_NUM_THREADS', 'unset')})")
+        try:
+            layer = numba.threading_layer()
+        except ValueError:  # no parallel region has run yet: run a tiny one to initialise it
+            from numba import njit, prange
+
+            @njit(parallel=True)
+            def _touch(n):
+                s = 0.0
+                for i in prange(n):
+                    s += i
+                return s
+
+            _touch(4)
+            layer = numba.threading_layer()
+        lines.append(f"{'threading':12s} {layer}")
+        lines.append(f"{'jit disabled':12s} {bool(numba.config.DISABLE_JIT)}")
+    except ImportError:  # pragma: no cover
+        lines.append("numba        not importable")
+    lines.append(f"{'cpu count':12s} {os.cpu_count()} (usable: {len(os.sched_getaffinity(0))})"
+                 if hasattr(os, "sched_getaffinity") else f"{'cpu count':12s} {os.cpu_count()}")
+    return "\n".join(lines)
+
+
+def _cmd_info(args) -> int:
+    sys.stdout.write(info_text() + "\n")
+    return 0
+
+
+_COMMANDS = {"run": _cmd_run, "plot": _cmd_plot, "validate": _cmd_validate, "info": _cmd_info}
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``spherepde`` command; returns the exit status."""
+    from .config import ConfigError
+    from .runner import RunnerError
+
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose, args.quiet)
+    try:
+        return _COMMANDS[args.command](args)
+    except ConfigError as exc:
+        log.error("invalid configuration: %s", exc)
+        return 2
+    except (FileNotFoundError, RunnerError) as exc:
+        log.error("%s", exc)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

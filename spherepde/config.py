@@ -1,0 +1,642 @@
+"""Experiment configuration: a TOML file parsed into validated, frozen objects.
+
+Functions
+---------
+load_config(path) -> ExperimentConfig
+    Read and validate an experiment TOML file.
+parse_config(source) -> ExperimentConfig
+    Validate TOML text or an already-parsed dict.
+dump_toml(data) -> str
+    Write a plain dict (the subset of TOML the configs use) back to TOML text.
+
+The objects build what they describe: ``cfg.build_grid()``, ``cfg.build_model()``,
+``cfg.build_initial(grid)`` (cell averages), ``cfg.save_times()``, ``cfg.options()``
+(:class:`spherepde.solver.Options`). Every error is a :class:`ConfigError` that names the key (dotted,
+e.g. ``model.beta``), the value found and what is allowed; unknown sections and keys are errors.
+
+Sections (see ``docs/user_guide.md`` and ``docs/examples/*.toml``)::
+
+    name = "..."  description = "..."              # optional, top level
+    [grid]      type = "healpix" (nside, edge_points) | "tensor" (d, n)
+    [model]     type = "zero_temperature" (B, V) | "attention" (B, V, beta, tol, method)
+                     | "prescribed_rotation" (axis, omega) | "prescribed_linear" (M)
+    [initial]   type = "uniform" | "vmf_mixture" (means, kappas, weights, uniform_weight)
+    [time]      t_end, and save_every or save_at
+    [scheme]    scheme, limiter, stepper, cfl, field_interval, max_steps  -> spherepde.solver.Options
+    [output]    checkpoint_every (seconds), fits, plots, diagnostics_p
+    [particles] n, seed, dt, method, hardmax   (optional overlay run)
+
+Matrices (B, V, M) are nested lists (rows), a flat list (the diagonal), or a preset name from
+:data:`MATRIX_PRESETS` ("paper" gives the paper's B = diag(-1, -1, 1), V = diag(-1, 1, -2)).
+"""
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "ConfigError", "ExperimentConfig", "GridConfig", "ModelConfig", "InitialConfig", "TimeConfig",
+    "SchemeConfig", "OutputConfig", "ParticlesConfig", "load_config", "parse_config", "dump_toml",
+    "MATRIX_PRESETS", "PLOTS",
+]
+
+
+class ConfigError(ValueError):
+    """An invalid experiment configuration; the message names the key, the value and what is allowed."""
+
+    def __init__(self, key: str, value, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"config key '{key}': got {value!r}; allowed: {allowed}")
+
+
+#: Named matrices: name -> {"B": ..., "V": ..., "M": ...} (d = 3 unless stated by the diagonal length).
+MATRIX_PRESETS = {
+    "paper": {"B": np.diag([-1.0, -1.0, 1.0]), "V": np.diag([-1.0, 1.0, -2.0])},
+    "identity": {"B": np.eye(3), "V": np.eye(3), "M": np.eye(3)},
+}
+
+#: Figure kinds the runner and ``spherepde plot`` know.
+PLOTS = ("maps", "diagnostics", "concentration", "animation", "particles")
+
+GRID_TYPES = ("healpix", "tensor")
+MODEL_TYPES = ("zero_temperature", "attention", "prescribed_rotation", "prescribed_linear")
+INITIAL_TYPES = ("uniform", "vmf_mixture")
+ATTENTION_METHODS = ("auto", "direct", "pruned", "spectral")
+
+
+# ----------------------------------------------------------------------------------------- checkers
+def _check_keys(section: dict, allowed: tuple, where: str):
+    for k in section:
+        if k not in allowed:
+            raise ConfigError(f"{where}.{k}" if where else k, section[k],
+                              f"known keys of [{where or 'top level'}] are {', '.join(allowed)} (unknown key)")
+
+
+def _int(sec, key, where, default=None, minimum=None, maximum=None, required=False):
+    if key not in sec:
+        if required:
+            raise ConfigError(f"{where}.{key}", None, f"an integer (required)")
+        return default
+    v = sec[key]
+    rng = _range_text(minimum, maximum)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"{where}.{key}", v, f"an integer{rng}")
+    if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
+        raise ConfigError(f"{where}.{key}", v, f"an integer{rng}")
+    return v
+
+
+def _range_text(lo, hi, lo_open=False, hi_open=False):
+    parts = []
+    if lo is not None:
+        parts.append(f"{'>' if lo_open else '>='} {lo}")
+    if hi is not None:
+        parts.append(f"{'<' if hi_open else '<='} {hi}")
+    return (" " + " and ".join(parts)) if parts else ""
+
+
+def _float(sec, key, where, default=None, lo=None, hi=None, lo_open=False, hi_open=False, required=False):
+    if key not in sec:
+        if required:
+            raise ConfigError(f"{where}.{key}", None, "a number (required)")
+        return default
+    v = sec[key]
+    rng = _range_text(lo, hi, lo_open, hi_open)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ConfigError(f"{where}.{key}", v, f"a finite number{rng}")
+    v = float(v)
+    bad = not math.isfinite(v)
+    bad |= lo is not None and (v < lo or (lo_open and v == lo))
+    bad |= hi is not None and (v > hi or (hi_open and v == hi))
+    if bad:
+        raise ConfigError(f"{where}.{key}", v, f"a finite number{rng}")
+    return v
+
+
+def _str(sec, key, where, choices, default=None):
+    if key not in sec:
+        if default is None:
+            raise ConfigError(f"{where}.{key}", None, f"one of {', '.join(map(repr, choices))} (required)")
+        return default
+    v = sec[key]
+    if not isinstance(v, str) or v not in choices:
+        raise ConfigError(f"{where}.{key}", v, f"one of {', '.join(map(repr, choices))}")
+    return v
+
+
+def _bool(sec, key, where, default):
+    v = sec.get(key, default)
+    if not isinstance(v, bool):
+        raise ConfigError(f"{where}.{key}", v, "true or false")
+    return v
+
+
+def _matrix(sec, key, where, preset_key=None, required=True):
+    """A square matrix from nested lists, a flat diagonal list, or a preset name; returned as lists."""
+    if key not in sec:
+        if required:
+            raise ConfigError(f"{where}.{key}", None, "a matrix (nested lists, a diagonal list or a preset name)")
+        return None
+    v = sec[key]
+    presets = [n for n, p in MATRIX_PRESETS.items() if (preset_key or key) in p]
+    allowed = (f"a square d x d matrix as nested lists of numbers (rows), a flat list (its diagonal), "
+               f"or a preset name: {', '.join(map(repr, presets))}")
+    if isinstance(v, str):
+        if v not in presets:
+            raise ConfigError(f"{where}.{key}", v, allowed)
+        return MATRIX_PRESETS[v][preset_key or key].tolist()
+    if not isinstance(v, list) or not v:
+        raise ConfigError(f"{where}.{key}", v, allowed)
+    if all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in v):
+        a = np.diag(np.array(v, dtype=float))
+    elif all(isinstance(r, list) for r in v):
+        if any(len(r) != len(v) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
+               for r in v):
+            raise ConfigError(f"{where}.{key}", v, allowed)
+        a = np.array(v, dtype=float)
+    else:
+        raise ConfigError(f"{where}.{key}", v, allowed)
+    if a.shape[0] < 2 or not np.all(np.isfinite(a)):
+        raise ConfigError(f"{where}.{key}", v, allowed + " (d >= 2, finite entries)")
+    return a.tolist()
+
+
+def _vector_list(sec, key, where, d=None, required=True):
+    """A list of vectors (nested list) or one vector."""
+    if key not in sec:
+        if required:
+            raise ConfigError(f"{where}.{key}", None, "a list of vectors (required)")
+        return None
+    v = sec[key]
+    allowed = "a list of nonzero vectors" + (f" of length {d}" if d else "") + ", e.g. [[1, 0, 0], [-1, 0, 0]]"
+    if isinstance(v, list) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        v = [v]
+    if not isinstance(v, list) or not v or not all(isinstance(r, list) for r in v):
+        raise ConfigError(f"{where}.{key}", sec[key], allowed)
+    try:
+        a = np.array(v, dtype=float)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}.{key}", sec[key], allowed) from None
+    if a.ndim != 2 or (d is not None and a.shape[1] != d) or not np.all(np.isfinite(a)) \
+            or np.any(np.linalg.norm(a, axis=1) == 0):
+        raise ConfigError(f"{where}.{key}", sec[key], allowed)
+    return a.tolist()
+
+
+def _number_list(sec, key, where, n, default=None, lo=0.0, what="numbers"):
+    if key not in sec:
+        return default
+    v = sec[key]
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        v = [v] * n
+    allowed = f"a number or a list of {n} {what} >= {lo}"
+    if not isinstance(v, list) or len(v) != n or \
+            not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= lo
+                    for x in v):
+        raise ConfigError(f"{where}.{key}", sec[key], allowed)
+    return [float(x) for x in v]
+
+
+# ----------------------------------------------------------------------------------------- sections
+@dataclass(frozen=True)
+class GridConfig:
+    """``[grid]``: ``type = "healpix"`` (``nside`` >= 1, ``edge_points``) or ``"tensor"`` (``d`` in 2..4, ``n``)."""
+
+    type: str = "healpix"
+    nside: int | None = None
+    edge_points: int | None = None
+    d: int | None = None
+    n: int | None = None
+
+    @property
+    def dim(self) -> int:
+        return 3 if self.type == "healpix" else int(self.d)
+
+    @classmethod
+    def parse(cls, sec: dict) -> "GridConfig":
+        w = "grid"
+        t = _str(sec, "type", w, GRID_TYPES)
+        if t == "healpix":
+            _check_keys(sec, ("type", "nside", "edge_points"), w)
+            return cls(t, nside=_int(sec, "nside", w, minimum=1, required=True),
+                       edge_points=_int(sec, "edge_points", w, minimum=1))
+        _check_keys(sec, ("type", "d", "n"), w)
+        return cls(t, d=_int(sec, "d", w, minimum=2, maximum=4, required=True),
+                   n=_int(sec, "n", w, minimum=1, required=True))
+
+    def build(self):
+        if self.type == "healpix":
+            from .grids.healpix import HealpixGrid
+
+            kw = {} if self.edge_points is None else {"edge_points": self.edge_points}
+            return HealpixGrid(self.nside, **kw)
+        try:
+            from .grids.tensor import TensorGrid
+        except ImportError as exc:  # the tensor grids are another issue's work
+            raise ConfigError("grid.type", "tensor", "'healpix' (spherepde.grids.tensor is not available: "
+                              f"{exc})") from None
+        return TensorGrid(self.d, self.n)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """``[model]``: the velocity model; matrices are stored as lists of rows."""
+
+    type: str
+    B: list | None = None
+    V: list | None = None
+    beta: float | None = None
+    tol: float | None = None
+    method: str | None = None
+    axis: list | None = None
+    omega: float | None = None
+    M: list | None = None
+
+    @property
+    def dim(self) -> int:
+        if self.type == "prescribed_rotation":
+            return 3
+        return len(self.M if self.type == "prescribed_linear" else self.B)
+
+    @classmethod
+    def parse(cls, sec: dict) -> "ModelConfig":
+        w = "model"
+        t = _str(sec, "type", w, MODEL_TYPES)
+        if t in ("zero_temperature", "attention"):
+            keys = ("type", "B", "V") + (("beta", "tol", "method") if t == "attention" else ())
+            _check_keys(sec, keys, w)
+            B = _matrix(sec, "B", w)
+            V = _matrix(sec, "V", w)
+            if len(V) != len(B):
+                raise ConfigError(f"{w}.V", sec["V"], f"a {len(B)} x {len(B)} matrix (the size of model.B)")
+            if t == "zero_temperature":
+                cond = float(np.linalg.cond(np.array(B)))
+                if not math.isfinite(cond) or cond > 1e12:
+                    raise ConfigError(f"{w}.B", sec["B"], "an invertible matrix (condition number <= 1e12) "
+                                      f"for the zero-temperature model; this one has {cond:.3e}")
+                return cls(t, B=B, V=V)
+            beta = _float(sec, "beta", w, lo=0.0, required=True)
+            tol = _float(sec, "tol", w, default=1e-12, lo=0.0, hi=0.1, lo_open=True)
+            method = _str(sec, "method", w, ATTENTION_METHODS, default="auto")
+            return cls(t, B=B, V=V, beta=beta, tol=tol, method=method)
+        if t == "prescribed_rotation":
+            _check_keys(sec, ("type", "axis", "omega"), w)
+            axis = _vector_list(sec, "axis", w, d=3)
+            if len(axis) != 1:
+                raise ConfigError(f"{w}.axis", sec["axis"], "one nonzero 3-vector, e.g. [0, 0, 1]")
+            return cls(t, axis=axis[0], omega=_float(sec, "omega", w, default=1.0))
+        _check_keys(sec, ("type", "M"), w)
+        return cls(t, M=_matrix(sec, "M", w))
+
+    def build(self):
+        if self.type == "zero_temperature":
+            from .models import ZeroTemperature
+
+            return ZeroTemperature(np.array(self.B), np.array(self.V))
+        if self.type == "attention":
+            from .models.attention import Attention
+
+            return Attention(np.array(self.B), np.array(self.V), beta=self.beta, tol=self.tol, method=self.method)
+        from .models import Prescribed
+
+        if self.type == "prescribed_rotation":
+            return Prescribed.rigid_rotation(self.axis, self.omega)
+        return Prescribed.linear(np.array(self.M))
+
+
+def _sphere_area(d: int) -> float:
+    return 2.0 * math.pi ** (d / 2) / math.gamma(d / 2)
+
+
+def vmf_density(x: np.ndarray, mean, kappa: float) -> np.ndarray:
+    r"""Normalised von Mises-Fisher density C_d(kappa) exp(kappa <mu, x>) on S^(d-1), overflow-free.
+
+    Notes
+    -----
+    C_d(kappa) = kappa^{d/2-1} / ((2 pi)^{d/2} I_{d/2-1}(kappa)); with the scaled Bessel function
+    ``ive`` the density is kappa^{d/2-1} exp(kappa (<mu, x> - 1)) / ((2 pi)^{d/2} ive(d/2 - 1, kappa)).
+    """
+    from scipy.special import ive
+
+    x = np.asarray(x, float)
+    d = x.shape[1]
+    mu = np.asarray(mean, float)
+    mu = mu / np.linalg.norm(mu)
+    if kappa == 0:
+        return np.full(x.shape[0], 1.0 / _sphere_area(d))
+    c = kappa ** (d / 2 - 1) / ((2 * math.pi) ** (d / 2) * ive(d / 2 - 1, kappa))
+    return c * np.exp(kappa * (x @ mu - 1.0))
+
+
+@dataclass(frozen=True)
+class InitialConfig:
+    """``[initial]``: ``type = "uniform"`` or ``"vmf_mixture"``.
+
+    ``vmf_mixture``: f0 = uniform_weight / |S^(d-1)| + (1 - uniform_weight) sum_c w_c vMF(means_c, kappas_c)
+    (a probability density; ``uniform_weight`` > 0 keeps it bounded below, as the minimal-density lemma
+    assumes). ``weights`` default equal; they are normalised to sum 1.
+    """
+
+    type: str = "uniform"
+    means: list | None = None
+    kappas: list | None = None
+    weights: list | None = None
+    uniform_weight: float = 0.0
+
+    @classmethod
+    def parse(cls, sec: dict, d: int) -> "InitialConfig":
+        w = "initial"
+        t = _str(sec, "type", w, INITIAL_TYPES, default="uniform")
+        if t == "uniform":
+            _check_keys(sec, ("type",), w)
+            return cls(t)
+        _check_keys(sec, ("type", "means", "kappas", "weights", "uniform_weight"), w)
+        means = _vector_list(sec, "means", w, d=d)
+        c = len(means)
+        kappas = _number_list(sec, "kappas", w, c, what="concentrations")
+        if kappas is None:
+            raise ConfigError(f"{w}.kappas", None, f"a number or a list of {c} concentrations >= 0 (required)")
+        weights = _number_list(sec, "weights", w, c, default=[1.0] * c, what="weights")
+        if sum(weights) <= 0:
+            raise ConfigError(f"{w}.weights", sec["weights"], "weights >= 0 with a positive sum")
+        uw = _float(sec, "uniform_weight", w, default=0.0, lo=0.0, hi=1.0)
+        return cls(t, means=means, kappas=kappas, weights=[x / sum(weights) for x in weights], uniform_weight=uw)
+
+    def density(self, d: int):
+        """The initial density as a function ``f0(x) -> (n,)`` on S^(d-1)."""
+        area = _sphere_area(d)
+        if self.type == "uniform":
+            return lambda x: np.full(np.asarray(x).shape[0], 1.0 / area)
+        comps = list(zip(self.means, self.kappas, self.weights))
+        uw = self.uniform_weight
+
+        def f0(x):
+            x = np.asarray(x, float)
+            out = np.full(x.shape[0], uw / area)
+            for mu, k, wt in comps:
+                out += (1.0 - uw) * wt * vmf_density(x, mu, k)
+            return out
+
+        return f0
+
+    def build(self, grid) -> np.ndarray:
+        """Cell averages of f0 on ``grid`` (the uniform density exactly, others by grid quadrature)."""
+        if self.type == "uniform":
+            return np.full(grid.n_cells, 1.0 / grid.total_area)
+        return grid.cell_average(self.density(grid.dim))
+
+
+@dataclass(frozen=True)
+class TimeConfig:
+    """``[time]``: ``t_end`` >= 0 and at most one of ``save_every`` (> 0) or ``save_at`` (list); default
+    saves at 0 and t_end."""
+
+    t_end: float
+    save_every: float | None = None
+    save_at: list | None = None
+
+    @classmethod
+    def parse(cls, sec: dict) -> "TimeConfig":
+        w = "time"
+        _check_keys(sec, ("t_end", "save_every", "save_at"), w)
+        t_end = _float(sec, "t_end", w, lo=0.0, required=True)
+        every = _float(sec, "save_every", w, lo=0.0, lo_open=True)
+        at = None
+        if "save_at" in sec:
+            if every is not None:
+                raise ConfigError(f"{w}.save_at", sec["save_at"], "not both save_at and save_every")
+            v = sec["save_at"]
+            ok = isinstance(v, list) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                   and math.isfinite(x) for x in v)
+            if ok:
+                a = np.array(v, dtype=float)
+                ok = bool(np.all(np.diff(a) > 0) and a[0] >= 0 and a[-1] <= t_end)
+            if not ok:
+                raise ConfigError(f"{w}.save_at", v, f"a strictly increasing list of times in [0, {t_end}]")
+            at = [float(x) for x in v]
+        return cls(t_end, every, at)
+
+    def save_times(self) -> np.ndarray:
+        if self.save_at is not None:
+            return np.array(self.save_at, dtype=float)
+        if self.save_every is None:
+            return np.array([0.0, self.t_end]) if self.t_end > 0 else np.array([0.0])
+        k = int(math.floor(self.t_end / self.save_every * (1 + 1e-12)))
+        s = [i * self.save_every for i in range(k + 1)]
+        if self.t_end - s[-1] > 1e-9 * max(1.0, self.t_end):
+            s.append(self.t_end)
+        s[-1] = min(s[-1], self.t_end)
+        return np.array(s)
+
+
+@dataclass(frozen=True)
+class SchemeConfig:
+    """``[scheme]``: the numerical options, mapped one to one to :class:`spherepde.solver.Options`."""
+
+    scheme: str = "linear"
+    limiter: str = "positivity"
+    stepper: str = "ssprk2"
+    cfl: float = 0.4
+    field_interval: int | None = None
+    max_steps: int = 10**8
+
+    @classmethod
+    def parse(cls, sec: dict) -> "SchemeConfig":
+        from .solver import LIMITERS, SCHEMES, STEPPERS
+
+        w = "scheme"
+        _check_keys(sec, ("scheme", "limiter", "stepper", "cfl", "field_interval", "max_steps"), w)
+        return cls(
+            scheme=_str(sec, "scheme", w, SCHEMES, default="linear"),
+            limiter=_str(sec, "limiter", w, LIMITERS, default="positivity"),
+            stepper=_str(sec, "stepper", w, tuple(STEPPERS), default="ssprk2"),
+            cfl=_float(sec, "cfl", w, default=0.4, lo=0.0, hi=1.0, lo_open=True),
+            field_interval=_int(sec, "field_interval", w, minimum=1),
+            max_steps=_int(sec, "max_steps", w, default=10**8, minimum=1),
+        )
+
+    def options(self):
+        from .solver import Options
+
+        return Options(scheme=self.scheme, limiter=self.limiter, stepper=self.stepper, cfl=self.cfl,
+                       field_interval=self.field_interval, max_steps=self.max_steps)
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """``[output]``: ``checkpoint_every`` (wall-clock seconds between checkpoints, besides one at every
+    save time; default 60), ``fits`` (HEALPix FITS maps of every saved time), ``plots`` (a list from
+    :data:`PLOTS`; default maps, diagnostics, concentration), ``diagnostics_p`` (exponent of V_p)."""
+
+    checkpoint_every: float = 60.0
+    fits: bool = False
+    plots: tuple = ("maps", "diagnostics", "concentration")
+    diagnostics_p: float = 0.25
+
+    @classmethod
+    def parse(cls, sec: dict) -> "OutputConfig":
+        w = "output"
+        _check_keys(sec, ("checkpoint_every", "fits", "plots", "diagnostics_p"), w)
+        plots = sec.get("plots", list(cls.plots))
+        if not isinstance(plots, list) or not all(isinstance(p, str) and p in PLOTS for p in plots):
+            raise ConfigError(f"{w}.plots", plots, f"a list of names from {', '.join(map(repr, PLOTS))}")
+        return cls(
+            checkpoint_every=_float(sec, "checkpoint_every", w, default=60.0, lo=0.0),
+            fits=_bool(sec, "fits", w, False),
+            plots=tuple(plots),
+            diagnostics_p=_float(sec, "diagnostics_p", w, default=0.25, lo=0.0, hi=1.0, lo_open=True),
+        )
+
+
+@dataclass(frozen=True)
+class ParticlesConfig:
+    """``[particles]`` (optional): an overlay particle run from tokens drawn from f0: ``n`` tokens,
+    ``seed``, ``dt`` (default 0.01, as Algorithm 1), ``method`` ("euler" or "rk4"), ``hardmax``."""
+
+    n: int = 200
+    seed: int = 0
+    dt: float = 0.01
+    method: str = "euler"
+    hardmax: bool = False
+
+    @classmethod
+    def parse(cls, sec: dict) -> "ParticlesConfig":
+        w = "particles"
+        _check_keys(sec, ("n", "seed", "dt", "method", "hardmax"), w)
+        return cls(n=_int(sec, "n", w, default=200, minimum=1), seed=_int(sec, "seed", w, default=0, minimum=0),
+                   dt=_float(sec, "dt", w, default=0.01, lo=0.0, lo_open=True),
+                   method=_str(sec, "method", w, ("euler", "rk4"), default="euler"),
+                   hardmax=_bool(sec, "hardmax", w, False))
+
+
+SECTIONS = ("grid", "model", "initial", "time", "scheme", "output", "particles")
+REQUIRED = ("grid", "model", "time")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """A validated experiment. ``raw`` is the parsed dict and ``text`` the TOML it came from."""
+
+    grid: GridConfig
+    model: ModelConfig
+    initial: InitialConfig
+    time: TimeConfig
+    scheme: SchemeConfig
+    output: OutputConfig
+    particles: ParticlesConfig | None
+    name: str = "experiment"
+    description: str = ""
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+    text: str = field(default="", repr=False, compare=False)
+
+    def build_grid(self):
+        return self.grid.build()
+
+    def build_model(self):
+        return self.model.build()
+
+    def build_initial(self, grid) -> np.ndarray:
+        return self.initial.build(grid)
+
+    def save_times(self) -> np.ndarray:
+        return self.time.save_times()
+
+    def options(self):
+        return self.scheme.options()
+
+    def to_dict(self) -> dict:
+        """The validated configuration with defaults filled in (JSON-serialisable)."""
+        d = {"name": self.name, "description": self.description}
+        for s in SECTIONS:
+            obj = getattr(self, s)
+            if obj is not None:
+                d[s] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(obj).items() if v is not None}
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def parse_config(source) -> ExperimentConfig:
+    """Validate an experiment given as TOML text or a dict (the output of ``tomllib.loads``).
+
+    Raises
+    ------
+    ConfigError
+        Naming the offending key (dotted), its value and what is allowed.
+    """
+    if isinstance(source, str):
+        text = source
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("<toml>", str(exc), "valid TOML syntax") from None
+    elif isinstance(source, dict):
+        raw = source
+        text = dump_toml(raw)
+    else:
+        raise TypeError(f"source must be TOML text or a dict, got {type(source).__name__}")
+    for k, v in raw.items():
+        if k in ("name", "description"):
+            if not isinstance(v, str):
+                raise ConfigError(k, v, "a string")
+        elif k not in SECTIONS:
+            raise ConfigError(k, v if not isinstance(v, dict) else f"[{k}]",
+                              f"sections {', '.join(SECTIONS)} and the keys name, description (unknown key)")
+        elif not isinstance(v, dict):
+            raise ConfigError(k, v, f"a table [{k}]")
+    for s in REQUIRED:
+        if s not in raw:
+            raise ConfigError(s, None, f"a [{s}] section (required)")
+    grid = GridConfig.parse(raw["grid"])
+    model = ModelConfig.parse(raw["model"])
+    if model.dim != grid.dim:
+        raise ConfigError("model", f"dimension {model.dim}", f"the grid's dimension d = {grid.dim} (matrix size)")
+    initial = InitialConfig.parse(raw.get("initial", {}), grid.dim)
+    return ExperimentConfig(
+        grid=grid, model=model, initial=initial, time=TimeConfig.parse(raw["time"]),
+        scheme=SchemeConfig.parse(raw.get("scheme", {})), output=OutputConfig.parse(raw.get("output", {})),
+        particles=ParticlesConfig.parse(raw["particles"]) if "particles" in raw else None,
+        name=raw.get("name", "experiment"), description=raw.get("description", ""), raw=raw, text=text,
+    )
+
+
+def load_config(path) -> ExperimentConfig:
+    """Read and validate an experiment TOML file (see :func:`parse_config`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"experiment file not found: {p}")
+    return parse_config(p.read_text())
+
+
+# ----------------------------------------------------------------------------------------- TOML writer
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        if not math.isfinite(v):
+            return "inf" if v > 0 else ("-inf" if v < 0 else "nan")
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def dump_toml(data: dict) -> str:
+    """TOML text for a dict of scalars and one level of tables (the shape of an experiment config)."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for k, v in data.items():
+        if isinstance(v, dict):
+            lines.append(f"\n[{k}]")
+            lines.extend(f"{kk} = {_toml_value(vv)}" for kk, vv in v.items() if vv is not None)
+    return "\n".join(lines) + "\n"

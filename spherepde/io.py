@@ -1,0 +1,368 @@
+"""Results files: one self-describing HDF5 file per run, checkpoints, and HEALPix FITS export.
+
+Functions
+---------
+ResultsWriter(path, config, grid, save_times)
+    Incremental writer: densities appended at each saved time (resizable dataset, flushed), diagnostics
+    rewritten at each save, so a crash loses at most the last interval.
+save_result(result, path, config=None)
+    Write a complete :class:`spherepde.solver.Result` in one go.
+load(path) -> Result
+    Read a results file back; the grid and model are rebuilt from the stored configuration.
+write_checkpoint(path, state, extra) / read_checkpoint(path)
+    A solver state (``Solver.get_state()``) written atomically (temporary file + ``os.replace``).
+write_fits(result, path, index=-1)
+    The density at one saved time as a HEALPix map (RING order) through healpy.
+versions() -> dict
+    Versions of Python, spherepde and its dependencies.
+
+Layout of a results file (``h5dump -A`` shows it all)::
+
+    /            attrs: format = "spherepde-results", format_version, created, complete,
+                        n_steps, wall_time, spherepde_version
+    /config      attrs: toml (the experiment text), json (validated, with defaults)
+    /versions    attrs: one per package
+    /grid        attrs: type, dim, n_cells, nside | n; datasets centers (N, d), areas (N,)
+    /times       (n_saved,)      saved times, appended
+    /density     (n_saved, N)    cell averages at the saved times, appended
+    /diagnostics/<name>          per-step diagnostics of the solver (time, mass, min, max, ...)
+    /concentration/<name>        optional: W2 to Pi#rho_0, alignments (per saved time)
+    /particles/{times,positions,weights}   optional overlay run
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import platform
+from importlib import metadata as _md
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+__all__ = ["ResultsWriter", "save_result", "load", "load_config_of", "write_checkpoint", "read_checkpoint",
+           "write_fits", "versions", "FORMAT", "FORMAT_VERSION"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = "spherepde-results"
+FORMAT_VERSION = 1
+_PACKAGES = ("spherepde", "numpy", "scipy", "numba", "healpy", "matplotlib", "h5py", "pot")
+
+
+def versions() -> dict:
+    """Python, platform and package versions (``"not installed"`` where absent)."""
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for p in _PACKAGES:
+        try:
+            out[p] = _md.version(p)
+        except _md.PackageNotFoundError:
+            out[p] = "not installed"
+    return out
+
+
+def _grid_attrs(grid) -> dict:
+    a = {"dim": int(grid.dim), "n_cells": int(grid.n_cells), "class": type(grid).__name__}
+    if hasattr(grid, "nside"):
+        a.update(type="healpix", nside=int(grid.nside), order="RING")
+    else:
+        a["type"] = "tensor"
+        if hasattr(grid, "n"):
+            a["n"] = int(grid.n)
+    return a
+
+
+def _config_text_json(config):
+    """(toml, json) strings of an ExperimentConfig, or of nothing."""
+    if config is None:
+        return "", "{}"
+    return config.text, config.to_json()
+
+
+def _write_dict_group(parent, name, data: dict):
+    if name in parent:
+        del parent[name]
+    g = parent.create_group(name)
+    for k, v in data.items():
+        g.create_dataset(k, data=np.asarray(v))
+    return g
+
+
+def _write_header(h, config, grid, options=None, model=None):
+    h.attrs["format"] = FORMAT
+    h.attrs["format_version"] = FORMAT_VERSION
+    h.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat()
+    h.attrs["complete"] = False
+    h.attrs["n_steps"] = 0
+    h.attrs["wall_time"] = 0.0
+    v = versions()
+    h.attrs["spherepde_version"] = v["spherepde"]
+    toml, js = _config_text_json(config)
+    c = h.create_group("config")
+    c.attrs["toml"] = toml
+    c.attrs["json"] = js
+    if options is not None:
+        from dataclasses import asdict
+
+        c.attrs["options_json"] = json.dumps(asdict(options))
+    if model is not None:
+        c.attrs["model_repr"] = repr(model)
+    vg = h.create_group("versions")
+    for k, val in v.items():
+        vg.attrs[k] = val
+    g = h.create_group("grid")
+    for k, val in _grid_attrs(grid).items():
+        g.attrs[k] = val
+    g.create_dataset("centers", data=np.asarray(grid.centers))
+    g.create_dataset("areas", data=np.asarray(grid.areas))
+
+
+class ResultsWriter:
+    """Write a results file incrementally (see the module docstring for the layout).
+
+    Parameters
+    ----------
+    path : str or Path
+        The file; created (an existing file is replaced) unless ``resume`` is given.
+    config : ExperimentConfig or None
+    grid : grid object
+    options : spherepde.solver.Options, optional
+    resume : int, optional
+        Reopen an existing file and keep only its first ``resume`` saved frames (a checkpoint's count);
+        frames written after that checkpoint are dropped and recomputed.
+    """
+
+    def __init__(self, path, config, grid, options=None, model=None, resume: int | None = None):
+        self.path = Path(path)
+        self.n_cells = grid.n_cells
+        if resume is None:
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            with h5py.File(tmp, "w") as h:
+                _write_header(h, config, grid, options, model)
+                h.create_dataset("times", shape=(0,), maxshape=(None,), dtype="f8")
+                h.create_dataset("density", shape=(0, grid.n_cells), maxshape=(None, grid.n_cells), dtype="f8",
+                                 chunks=(1, grid.n_cells))
+            os.replace(tmp, self.path)
+        self.h = h5py.File(self.path, "a")
+        if resume is not None:
+            n = int(resume)
+            if self.h["times"].shape[0] < n:
+                self.h.close()
+                raise ValueError(f"{self.path} holds {self.h['times'].shape[0]} saved frames, the checkpoint "
+                                 f"expects {n}")
+            self.h["times"].resize((n,))
+            self.h["density"].resize((n, self.n_cells))
+            self.h.attrs["complete"] = False
+            self.h.flush()
+
+    @property
+    def n_saved(self) -> int:
+        return int(self.h["times"].shape[0])
+
+    def append(self, t: float, f: np.ndarray, diagnostics: dict | None = None, n_steps: int = 0,
+               wall_time: float = 0.0):
+        """Append the density ``f`` at time ``t`` (and refresh the diagnostics); flushed to disk."""
+        n = self.n_saved
+        self.h["times"].resize((n + 1,))
+        self.h["times"][n] = t
+        self.h["density"].resize((n + 1, self.n_cells))
+        self.h["density"][n] = f
+        if diagnostics is not None:
+            _write_dict_group(self.h, "diagnostics", diagnostics)
+        self.h.attrs["n_steps"] = int(n_steps)
+        self.h.attrs["wall_time"] = float(wall_time)
+        self.h.flush()
+
+    def write_group(self, name: str, data: dict):
+        """Write (replace) a group of arrays, e.g. ``"concentration"`` or ``"particles"``."""
+        _write_dict_group(self.h, name, data)
+        self.h.flush()
+
+    def finish(self, diagnostics: dict, n_steps: int, wall_time: float):
+        _write_dict_group(self.h, "diagnostics", diagnostics)
+        self.h.attrs["n_steps"] = int(n_steps)
+        self.h.attrs["wall_time"] = float(wall_time)
+        self.h.attrs["complete"] = True
+        self.h.flush()
+
+    def close(self):
+        if self.h.id.valid:
+            self.h.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def save_result(result, path, config=None, extra_groups: dict | None = None):
+    """Write a complete :class:`~spherepde.solver.Result` to ``path`` (HDF5).
+
+    ``config`` (an :class:`~spherepde.config.ExperimentConfig`) makes the file loadable with the grid and
+    model rebuilt; without it, :func:`load` returns ``grid = model = None`` unless the grid is HEALPix.
+    """
+    with ResultsWriter(path, config, result.grid, result.options, result.model) as w:
+        for t, f in zip(result.times, result.density):
+            w.append(float(t), f)
+        for name, data in (extra_groups or {}).items():
+            w.write_group(name, data)
+        w.finish(result.diagnostics, result.n_steps, result.wall_time)
+    return Path(path)
+
+
+def load_config_of(path):
+    """The :class:`~spherepde.config.ExperimentConfig` stored in a results file (or None)."""
+    from .config import parse_config
+
+    with h5py.File(path, "r") as h:
+        text = h["config"].attrs.get("toml", "")
+    return parse_config(text) if text else None
+
+
+def _read_group(h, name) -> dict:
+    if name not in h:
+        return {}
+    return {k: h[name][k][()] for k in h[name]}
+
+
+def load(path, rebuild: bool = True):
+    """Read a results file into a :class:`spherepde.solver.Result`.
+
+    Parameters
+    ----------
+    path : str or Path
+    rebuild : bool, default True
+        Rebuild the grid and model from the stored configuration (a HEALPix grid is rebuilt from its
+        nside even without one). With False, ``grid`` and ``model`` are None.
+
+    Returns
+    -------
+    Result
+        ``metadata`` holds ``config`` (ExperimentConfig or None), ``versions``, ``grid_attrs``,
+        ``complete``, ``path`` and the optional groups ``concentration`` and ``particles``.
+    """
+    from .config import parse_config
+    from .solver import Options, Result
+
+    path = Path(path)
+    with h5py.File(path, "r") as h:
+        if h.attrs.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a spherepde results file (attribute format = "
+                             f"{h.attrs.get('format')!r}, expected {FORMAT!r})")
+        times = h["times"][()]
+        density = h["density"][()]
+        diagnostics = _read_group(h, "diagnostics")
+        text = h["config"].attrs.get("toml", "")
+        opt_json = h["config"].attrs.get("options_json", "")
+        vers = dict(h["versions"].attrs)
+        gattrs = dict(h["grid"].attrs)
+        meta = {
+            "versions": {k: str(v) for k, v in vers.items()},
+            "grid_attrs": {k: (v.item() if hasattr(v, "item") else v) for k, v in gattrs.items()},
+            "complete": bool(h.attrs.get("complete", False)),
+            "path": str(path),
+            "concentration": _read_group(h, "concentration"),
+            "particles": _read_group(h, "particles"),
+            "created": str(h.attrs.get("created", "")),
+        }
+        n_steps = int(h.attrs.get("n_steps", 0))
+        wall = float(h.attrs.get("wall_time", 0.0))
+    config = parse_config(text) if text else None
+    meta["config"] = config
+    options = Options(**json.loads(opt_json)) if opt_json else (config.options() if config else Options())
+    grid = model = None
+    if rebuild:
+        if config is not None:
+            grid, model = config.build_grid(), config.build_model()
+        elif meta["grid_attrs"].get("type") == "healpix":
+            from .grids.healpix import HealpixGrid
+
+            grid = HealpixGrid(int(meta["grid_attrs"]["nside"]))
+    return Result(times=times, density=density, diagnostics=diagnostics, grid=grid, model=model, options=options,
+                  n_steps=n_steps, wall_time=wall, metadata=meta)
+
+
+# ----------------------------------------------------------------------------------------- checkpoints
+def write_checkpoint(path, state: dict, extra: dict | None = None):
+    """Write a solver state atomically: to ``path.tmp``, fsync, then ``os.replace`` onto ``path``.
+
+    Parameters
+    ----------
+    state : dict
+        ``Solver.get_state()``: t, f, n_steps, l0, diag (dict of lists), history (list of (t, m)).
+    extra : dict of scalars
+        Runner bookkeeping (number of saved frames, elapsed wall time, config JSON, ...).
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with h5py.File(tmp, "w") as h:
+        h.attrs["t"] = float(state["t"])
+        h.attrs["n_steps"] = int(state["n_steps"])
+        h.attrs["l0"] = float(state["l0"])
+        h.create_dataset("f", data=np.asarray(state["f"], dtype=float))
+        dg = h.create_group("diag")
+        for k, v in state["diag"].items():
+            dg.create_dataset(k, data=np.asarray(v, dtype=float))
+        hist = state.get("history", [])
+        hg = h.create_group("history")
+        hg.create_dataset("t", data=np.array([t for t, _ in hist], dtype=float))
+        for i, (_, m) in enumerate(hist):
+            hg.create_dataset(f"m{i}", data=np.asarray(m))
+        for k, v in (extra or {}).items():
+            h.attrs[f"extra_{k}"] = v
+        h.flush()
+        os.fsync(h.id.get_vfd_handle())
+    os.replace(tmp, path)
+    # persist the rename itself
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:  # pragma: no cover - some file systems refuse fsync on directories
+        pass
+
+
+def read_checkpoint(path):
+    """Return ``(state, extra)`` written by :func:`write_checkpoint`; ``state`` feeds ``Solver.set_state``."""
+    with h5py.File(path, "r") as h:
+        hist_t = h["history"]["t"][()]
+        state = {
+            "t": float(h.attrs["t"]),
+            "n_steps": int(h.attrs["n_steps"]),
+            "l0": float(h.attrs["l0"]),
+            "f": h["f"][()],
+            "diag": {k: h["diag"][k][()].tolist() for k in h["diag"]},
+            "history": [(float(t), h["history"][f"m{i}"][()]) for i, t in enumerate(hist_t)],
+        }
+        extra = {k[len("extra_"):]: (v.item() if hasattr(v, "item") else v)
+                 for k, v in h.attrs.items() if k.startswith("extra_")}
+    return state, extra
+
+
+# ----------------------------------------------------------------------------------------- FITS
+def write_fits(result, path, index: int = -1, overwrite: bool = True):
+    """Write the density at saved index ``index`` as a HEALPix FITS map (RING order, healpy).
+
+    The map holds the cell averages (density w.r.t. surface measure); the header records the time.
+    """
+    import healpy as hp
+
+    grid = result.grid
+    nside = getattr(grid, "nside", None)
+    if nside is None:
+        nside = result.metadata.get("grid_attrs", {}).get("nside")
+    if nside is None:
+        raise ValueError("write_fits needs a HEALPix grid (this result's grid has no nside)")
+    m = np.asarray(result.density[index], dtype=float)
+    if m.shape != (12 * int(nside) ** 2,):
+        raise ValueError(f"density has shape {m.shape}, not a HEALPix map of nside {nside}")
+    t = float(result.times[index])
+    hp.write_map(str(path), m, nest=False, coord="C", column_names=["DENSITY"], overwrite=overwrite,
+                 dtype=np.float64, extra_header=[("TIME", t, "simulated time"),
+                                                 ("CREATOR", "spherepde", "")])
+    return Path(path)

@@ -1,0 +1,289 @@
+"""Run an experiment configuration to a results directory, with checkpoints and resume.
+
+Functions
+---------
+run_experiment(config, output, restart=False, progress=False, figures=True) -> Result
+    Solve the configured problem, writing ``results.h5`` incrementally and ``checkpoint.h5``
+    (atomically) every ``output.checkpoint_every`` seconds and at every save time. Called on a directory
+    that holds a checkpoint of the same configuration, it resumes from it; the finished results are
+    bit-for-bit those of an uninterrupted run.
+postprocess(result, config, output, ...)
+    Concentration diagnostics, the optional particle overlay, FITS maps and figures of a finished run.
+
+A results directory holds::
+
+    experiment.toml   the configuration as given
+    results.h5        see spherepde.io
+    checkpoint.h5     the last solver state (kept after completion, marked done)
+    figures/          see spherepde.plotting
+    fits/             density_NNNN.fits (when output.fits = true)
+
+Why resuming is exact: the solver's whole state (time, density, step count, diagnostics so far, the
+field history of ``field_interval``) is restored with ``Solver.set_state``; the step sequence depends on
+nothing else, and the runner drives it with the same ``advance(save_time)`` calls either way. Frames
+that the killed run wrote after its last checkpoint are dropped and recomputed identically.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import io as _io
+from .config import ExperimentConfig, load_config
+
+__all__ = ["run_experiment", "postprocess", "RunnerError", "RESULTS_NAME", "CHECKPOINT_NAME"]
+
+log = logging.getLogger(__name__)
+
+RESULTS_NAME = "results.h5"
+CHECKPOINT_NAME = "checkpoint.h5"
+CONFIG_NAME = "experiment.toml"
+
+
+class RunnerError(RuntimeError):
+    """An output directory that cannot be used as asked (e.g. it holds a different experiment)."""
+
+
+def _as_config(config) -> ExperimentConfig:
+    if isinstance(config, ExperimentConfig):
+        return config
+    return load_config(config)
+
+
+def run_experiment(config, output, *, restart: bool = False, progress: bool = False, figures: bool = True,
+                   stop_after_steps: int | None = None):
+    """Run ``config`` (an ExperimentConfig or a TOML path) into the directory ``output``.
+
+    Parameters
+    ----------
+    config : ExperimentConfig or path
+    output : path
+        Results directory (created). If it holds a checkpoint of the same configuration the run resumes;
+        if that run is complete, the stored result is returned without recomputing.
+    restart : bool
+        Ignore (and overwrite) an existing run in ``output``.
+    progress : bool
+        Progress bar with ETA on stderr (shown only on a terminal).
+    figures : bool
+        Post-process (concentration diagnostics, particle overlay, FITS, figures) after the run.
+    stop_after_steps : int, optional
+        Stop (as if killed, after a checkpoint) once the solver has taken this many steps in total;
+        returns None. For tests and for splitting long runs into jobs.
+
+    Returns
+    -------
+    spherepde.solver.Result (read back from ``results.h5``), or None if stopped early.
+    """
+    from .solver import Solver
+
+    cfg = _as_config(config)
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    res_path, ck_path = out / RESULTS_NAME, out / CHECKPOINT_NAME
+    cfg_json = cfg.to_json()
+
+    state = extra = None
+    if ck_path.exists() and res_path.exists() and not restart:
+        try:
+            state, extra = _io.read_checkpoint(ck_path)
+        except (OSError, KeyError) as exc:
+            log.warning("unreadable checkpoint %s (%s): starting over", ck_path, exc)
+        if extra is not None and extra.get("config_json") != cfg_json:
+            raise RunnerError(f"{out} holds a run of a different configuration; use another --output or "
+                              "--restart to overwrite it")
+        if extra is not None and extra.get("done"):
+            log.info("%s: run already complete, loading it", out)
+            result = _io.load(res_path)
+            if figures:
+                postprocess(result, cfg, out)
+            return result
+    (out / CONFIG_NAME).write_text(cfg.text)
+
+    grid = cfg.build_grid()
+    model = cfg.build_model()
+    options = cfg.options()
+    save = cfg.save_times()
+    t_end = cfg.time.t_end
+    f0 = cfg.build_initial(grid)
+    solver = Solver(grid, model, f0, options)
+    n_saved = 0
+    wall_before = 0.0
+    writer = None
+    if state is not None:
+        try:
+            writer = _io.ResultsWriter(res_path, cfg, grid, options, model, resume=int(extra["n_saved"]))
+            solver.set_state(state)
+            n_saved = int(extra["n_saved"])
+            wall_before = float(extra.get("wall_time", 0.0))
+            log.info("resuming %s at t = %g (step %d, %d frames saved)", out, solver.t, solver.n_steps, n_saved)
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("cannot resume from %s (%s): starting over", res_path, exc)
+            if writer is not None:
+                writer.close()
+            writer = None
+            solver = Solver(grid, model, f0, options)
+    if writer is None:
+        writer = _io.ResultsWriter(res_path, cfg, grid, options, model)
+
+    start = time.perf_counter()
+    ck_every = cfg.output.checkpoint_every
+    last_ck = [time.perf_counter()]
+    saved_count = [n_saved]
+
+    def checkpoint(done=False):
+        _io.write_checkpoint(ck_path, solver.get_state(), {
+            "n_saved": saved_count[0], "wall_time": wall_before + time.perf_counter() - start,
+            "config_json": cfg_json, "done": int(done)})
+        last_ck[0] = time.perf_counter()
+
+    bar = None
+    if progress:
+        from .progress import ProgressBar
+
+        bar = ProgressBar(t_end)
+
+    class _Stop(Exception):
+        pass
+
+    def callback(s):
+        if bar is not None:
+            bar.update(s.t)
+        if time.perf_counter() - last_ck[0] >= ck_every:
+            checkpoint()
+        if stop_after_steps is not None and s.n_steps >= stop_after_steps:
+            checkpoint()
+            raise _Stop
+
+    try:
+        for i in range(n_saved, len(save)):
+            solver.advance(float(save[i]), callback)
+            writer.append(solver.t, solver.f, solver.diagnostics(), solver.n_steps,
+                          wall_before + time.perf_counter() - start)
+            saved_count[0] = i + 1
+            checkpoint()
+        solver.advance(t_end, callback)
+    except _Stop:
+        writer.close()
+        if bar is not None:
+            bar.close()
+        return None
+    except BaseException:
+        writer.close()
+        raise
+    wall = wall_before + time.perf_counter() - start
+    writer.finish(solver.diagnostics(), solver.n_steps, wall)
+    writer.close()
+    checkpoint(done=True)
+    if bar is not None:
+        bar.close()
+    log.info("%s: %d steps to t = %g, solver wall time %.2f s", out, solver.n_steps, t_end, wall)
+    result = _io.load(res_path)
+    if figures:
+        postprocess(result, cfg, out)
+    return result
+
+
+def concentration_series(result, p: float = 0.25) -> dict:
+    """W2(rho_t, Pi#rho_0) and the alignments with E, F, F_abs at every saved time of ``result``.
+
+    Needs a model with B and V (ZeroTemperature, Attention). Returns {} otherwise.
+    """
+    from .diagnostics import concentration_diagnostics
+    from .spectral import limit_measure, spectral_data
+
+    model = result.model
+    if not (hasattr(model, "B") and hasattr(model, "V")):
+        return {}
+    grid = result.grid
+    s = spectral_data(model.B, model.V)
+    w0 = result.density[0] * grid.areas
+    limit = limit_measure(grid.centers, w0, model.B, model.V, spectral=s)
+    keys = ("w2_limit", "alignment_E", "alignment_F", "alignment_F_abs", "V_p")
+    out = {k: [] for k in keys}
+    k = s.E.shape[0]
+    p_eff = p if 2 * p < k else 0.5 * k * 0.5
+    for f in result.density:
+        d = concentration_diagnostics(grid.centers, f * grid.areas, model.B, model.V, p=p_eff, limit=limit,
+                                      spectral=s, strict_vp=False)
+        for kk in keys:
+            out[kk].append(d[kk])
+    out = {kk: np.array(v, dtype=float) for kk, v in out.items()}
+    out["times"] = np.asarray(result.times, dtype=float)
+    out["p"] = np.array(p_eff)
+    return out
+
+
+def particle_overlay(result, cfg: ExperimentConfig) -> dict:
+    """Run the ``[particles]`` overlay: tokens drawn from the grid's f0, integrated to the save times."""
+    from .particles import simulate_particles
+    from .sampling import sample_grid_density
+
+    pc = cfg.particles
+    x0 = sample_grid_density(result.grid, result.density[0], pc.n, rng=pc.seed)
+    pr = simulate_particles(result.model, x0, cfg.time.t_end, pc.dt, save_at=np.asarray(result.times),
+                            method=pc.method, hardmax=pc.hardmax)
+    return {"times": pr.times, "positions": pr.positions, "weights": pr.weights}
+
+
+def _particle_concentration(result, particles: dict, p: float) -> dict:
+    """Concentration diagnostics of the particle overlay (keys prefixed ``particles_``)."""
+    from .diagnostics import concentration_diagnostics
+    from .spectral import limit_measure, spectral_data
+
+    model = result.model
+    s = spectral_data(model.B, model.V)
+    x0, w = particles["positions"][0], particles["weights"]
+    limit = limit_measure(x0, w, model.B, model.V, spectral=s)
+    keys = ("w2_limit", "alignment_E", "alignment_F", "alignment_F_abs")
+    out = {k: [] for k in keys}
+    for x in particles["positions"]:
+        d = concentration_diagnostics(x, w, model.B, model.V, p=p, limit=limit, spectral=s, strict_vp=False)
+        for k in keys:
+            out[k].append(d[k])
+    return {f"particles_{k}": np.array(v, dtype=float) for k, v in out.items()}
+
+
+def postprocess(result, cfg: ExperimentConfig, output, figures: bool = True):
+    """Concentration diagnostics, particle overlay, FITS maps and figures for a finished run.
+
+    Groups already in the results file are not recomputed. Returns the list of files written.
+    """
+    out = Path(output)
+    res_path = out / RESULTS_NAME
+    meta = result.metadata
+    written = []
+    groups = {}
+    if not meta.get("concentration"):
+        try:
+            conc = concentration_series(result, cfg.output.diagnostics_p)
+        except (ValueError, np.linalg.LinAlgError) as exc:  # e.g. mass on E^perp with dim E >= 2
+            log.warning("concentration diagnostics skipped: %s", exc)
+            conc = {}
+        if conc:
+            groups["concentration"] = conc
+            meta["concentration"] = conc
+    if cfg.particles is not None and not meta.get("particles"):
+        groups["particles"] = particle_overlay(result, cfg)
+        meta["particles"] = groups["particles"]
+        conc = groups.get("concentration")
+        if conc:
+            conc.update(_particle_concentration(result, groups["particles"], float(conc["p"])))
+    if groups:
+        import h5py
+
+        with h5py.File(res_path, "a") as h:
+            for name, data in groups.items():
+                _io._write_dict_group(h, name, data)
+    if cfg.output.fits and getattr(result.grid, "nside", None) is not None:
+        fd = out / "fits"
+        fd.mkdir(exist_ok=True)
+        for i in range(len(result.times)):
+            written.append(_io.write_fits(result, fd / f"density_{i:04d}.fits", i))
+    if figures and cfg.output.plots:
+        from .plotting import make_figures
+
+        written += make_figures(result, out / "figures", kinds=cfg.output.plots)
+    return written
