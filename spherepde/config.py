@@ -346,7 +346,7 @@ class InitialConfig:
     means: list | None = None
     kappas: list | None = None
     weights: list | None = None
-    uniform_weight: float = 0.0
+    uniform_weight: float | None = None
 
     @classmethod
     def parse(cls, sec: dict, d: int) -> "InitialConfig":
@@ -373,7 +373,7 @@ class InitialConfig:
         if self.type == "uniform":
             return lambda x: np.full(np.asarray(x).shape[0], 1.0 / area)
         comps = list(zip(self.means, self.kappas, self.weights))
-        uw = self.uniform_weight
+        uw = self.uniform_weight or 0.0
 
         def f0(x):
             x = np.asarray(x, float)

@@ -1,0 +1,147 @@
+"""Experiment configuration: parsing, defaults, and the promised errors (key, value, what is allowed)."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spherepde.config import ConfigError, dump_toml, load_config, parse_config, vmf_density
+from spherepde.solver import Options
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
+
+BASE = """
+name = "t"
+[grid]
+type = "healpix"
+nside = 2
+[model]
+type = "zero_temperature"
+B = "paper"
+V = "paper"
+[time]
+t_end = 1.0
+"""
+
+
+def cfg_with(extra: str = "", base: str = BASE):
+    return parse_config(base + extra)
+
+
+def error_of(text: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    return info.value
+
+
+def test_minimal_config_defaults():
+    c = cfg_with()
+    assert c.grid.nside == 2 and c.grid.dim == 3
+    np.testing.assert_array_equal(c.model.B, np.diag([-1.0, -1.0, 1.0]))
+    np.testing.assert_array_equal(c.model.V, np.diag([-1.0, 1.0, -2.0]))
+    assert c.initial.type == "uniform"
+    np.testing.assert_array_equal(c.save_times(), [0.0, 1.0])
+    assert c.options() == Options()
+    assert c.particles is None
+
+
+def test_scheme_maps_to_options():
+    c = cfg_with('[scheme]\nscheme = "upwind"\nstepper = "ssprk3"\ncfl = 0.25\nfield_interval = 3\n')
+    assert c.options() == Options(scheme="upwind", stepper="ssprk3", cfl=0.25, field_interval=3)
+
+
+def test_save_every_includes_end_and_save_at():
+    c = parse_config(BASE.replace("t_end = 1.0", "t_end = 1.0\nsave_every = 0.3"))
+    np.testing.assert_allclose(c.save_times(), [0.0, 0.3, 0.6, 0.9, 1.0])
+    c = parse_config(BASE.replace("t_end = 1.0", "t_end = 1.0\nsave_every = 0.25"))
+    np.testing.assert_allclose(c.save_times(), [0.0, 0.25, 0.5, 0.75, 1.0])
+    c = parse_config(BASE.replace("t_end = 1.0", "t_end = 1.0\nsave_at = [0, 0.5]"))
+    np.testing.assert_array_equal(c.save_times(), [0.0, 0.5])
+
+
+def test_matrices_nested_diagonal_and_preset_agree():
+    a = cfg_with().model
+    b = parse_config(BASE.replace('B = "paper"', "B = [-1, -1, 1]")).model
+    c = parse_config(BASE.replace('B = "paper"', "B = [[-1, 0, 0], [0, -1, 0], [0, 0, 1]]")).model
+    assert a.B == b.B == c.B
+
+
+@pytest.mark.parametrize("text, key, fragment", [
+    (BASE + "[grid2]\nx = 1\n", "grid2", "unknown key"),
+    (BASE.replace("nside = 2", "nside = 2\nnsidee = 3"), "grid.nsidee", "unknown key"),
+    (BASE + "[scheme]\nlimitr = \"none\"\n", "scheme.limitr", "unknown key"),
+    (BASE.replace("nside = 2", 'nside = "two"'), "grid.nside", "an integer >= 1"),
+    (BASE.replace("nside = 2", "nside = 0"), "grid.nside", "an integer >= 1"),
+    (BASE.replace("nside = 2", "nside = 2.5"), "grid.nside", "an integer"),
+    (BASE + "[scheme]\ncfl = 1.5\n", "scheme.cfl", "<= 1.0"),
+    (BASE + "[scheme]\ncfl = \"big\"\n", "scheme.cfl", "a finite number"),
+    (BASE + "[scheme]\nstepper = \"rk45\"\n", "scheme.stepper", "'ssprk2'"),
+    (BASE.replace("t_end = 1.0", "t_end = -1.0"), "time.t_end", ">= 0.0"),
+    (BASE.replace("t_end = 1.0", "t_end = 1.0\nsave_at = [0.5, 0.2]"), "time.save_at", "strictly increasing"),
+    (BASE.replace("t_end = 1.0", "t_end = 1.0\nsave_at = [0, 2]"), "time.save_at", "in [0, 1.0]"),
+    (BASE.replace('B = "paper"', 'B = "papr"'), "model.B", "'paper'"),
+    (BASE.replace('B = "paper"', "B = [[1, 2], [3]]"), "model.B", "square"),
+    (BASE.replace('B = "paper"', "B = [1, 1]"), "model.V", "2 x 2"),
+    (BASE.replace('B = "paper"', "B = [[1, 1, 0], [1, 1, 0], [0, 0, 1]]"), "model.B", "invertible"),
+    (BASE.replace('"zero_temperature"', '"attention"'), "model.beta", "required"),
+    (BASE.replace('"zero_temperature"', '"attention"') + "", "model.beta", "a number"),
+    (BASE.replace('V = "paper"', 'V = "paper"\nbeta = -1.0').replace('"zero_temperature"', '"attention"'),
+     "model.beta", ">= 0.0"),
+    (BASE.replace('"zero_temperature"', '"hot"'), "model.type", "'attention'"),
+    (BASE + "[output]\nplots = [\"maps\", \"movie\"]\n", "output.plots", "'animation'"),
+    (BASE + "[output]\nfits = 1\n", "output.fits", "true or false"),
+    (BASE + "[initial]\ntype = \"vmf_mixture\"\nmeans = [[1, 0]]\nkappas = 1.0\n", "initial.means", "length 3"),
+    (BASE + "[initial]\ntype = \"vmf_mixture\"\nmeans = [[1, 0, 0]]\nkappas = -1.0\n", "initial.kappas", ">= 0"),
+    (BASE + "[initial]\ntype = \"expression\"\n", "initial.type", "'vmf_mixture'"),
+    (BASE + "[particles]\nn = 0\n", "particles.n", ">= 1"),
+    (BASE.replace("[time]\nt_end = 1.0\n", ""), "time", "required"),
+])
+def test_bad_configs_name_key_and_allowed(text, key, fragment):
+    err = error_of(text)
+    assert err.key == key
+    msg = str(err)
+    assert f"'{key}'" in msg and fragment in msg, msg
+    assert "got" in msg and "allowed" in msg
+
+
+def test_bad_toml_syntax():
+    err = error_of("[grid\n")
+    assert err.key == "<toml>" and "valid TOML" in str(err)
+
+
+def test_dump_toml_round_trip():
+    c = cfg_with('[initial]\ntype = "vmf_mixture"\nmeans = [[1, 0, 0], [0, 0, -1]]\nkappas = [2.0, 5]\n'
+                 '[particles]\nn = 10\n[output]\nplots = ["maps"]\n')
+    d = parse_config(dump_toml(c.raw))
+    assert d == c
+    e = parse_config(c.to_dict())  # the validated dict, defaults filled in, parses to the same
+    assert e == c
+    u = cfg_with()
+    assert parse_config(u.to_dict()) == u
+
+
+def test_vmf_mixture_is_a_probability_density():
+    from spherepde.grids.healpix import HealpixGrid
+
+    c = cfg_with('[initial]\ntype = "vmf_mixture"\nmeans = [[1, 0, 0], [0, 1, 1]]\nkappas = [4.0, 20.0]\n'
+                 'weights = [1, 3]\nuniform_weight = 0.2\n')
+    g = HealpixGrid(8)
+    f = c.build_initial(g)
+    assert abs(g.mass(f) - 1.0) < 1e-3
+    assert f.min() >= 0.2 / (4 * np.pi) * (1 - 1e-12)
+    # vMF normalisation in d = 3 against the closed form kappa / (4 pi sinh kappa) e^{kappa <mu, x>}
+    x = np.array([[1.0, 0, 0], [0, 1.0, 0], [-1.0, 0, 0]])
+    k = 3.0
+    np.testing.assert_allclose(vmf_density(x, [1, 0, 0], k), k / (4 * np.pi * np.sinh(k)) * np.exp(k * x[:, 0]),
+                               rtol=1e-12)
+
+
+def test_load_missing_file():
+    with pytest.raises(FileNotFoundError):
+        load_config("/nonexistent/experiment.toml")
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
+def test_documented_examples_parse(path):
+    c = load_config(path)
+    assert c.time.t_end >= 0
+    c.build_model()

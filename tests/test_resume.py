@@ -1,0 +1,123 @@
+"""Resume: a run killed with SIGKILL mid-run finishes, after resuming, bit-for-bit like an uninterrupted run."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from spherepde import io
+from spherepde.cli import main
+from spherepde.config import parse_config
+from spherepde.runner import CHECKPOINT_NAME, RESULTS_NAME, RunnerError, run_experiment
+from spherepde.solver import solve
+
+TOML = """
+name = "resume"
+[grid]
+type = "healpix"
+nside = 8
+[model]
+type = "zero_temperature"
+B = "paper"
+V = "paper"
+[initial]
+type = "vmf_mixture"
+means = [[1, 1, 0]]
+kappas = 3.0
+uniform_weight = 0.5
+[time]
+t_end = 8.0
+save_every = 1.0
+[output]
+checkpoint_every = 0.0   # after every step: many kill points
+plots = []
+"""
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    """Small grids: Numba's thread pool only adds synchronisation (20x slower on a loaded 2-core
+    machine); the results do not depend on the thread count."""
+    import numba
+
+    n = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(n)
+
+
+def reference(cfg):
+    grid, model = cfg.build_grid(), cfg.build_model()
+    return solve(grid, model, cfg.build_initial(grid), cfg.time.t_end, save_at=cfg.save_times(),
+                 options=cfg.options())
+
+
+def assert_identical(res, ref):
+    np.testing.assert_array_equal(res.times, ref.times)
+    assert np.array_equal(res.density, ref.density)
+    assert res.n_steps == ref.n_steps
+    for k in ref.diagnostics:
+        assert np.array_equal(res.diagnostics[k], ref.diagnostics[k]), k
+
+
+def test_sigkill_then_resume_is_bit_for_bit(tmp_path):
+    cfg_path = tmp_path / "resume.toml"
+    cfg_path.write_text(TOML)
+    out = tmp_path / "run"
+    env = dict(os.environ, NUMBA_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "spherepde.cli", "-q", "run", str(cfg_path), "--output",
+                             str(out), "--no-figures"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    ck = out / CHECKPOINT_NAME
+    deadline = time.time() + 120
+    while not ck.exists():
+        assert proc.poll() is None, f"run ended before any checkpoint: {proc.stderr.read().decode()}"
+        assert time.time() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.005)
+    time.sleep(0.05)  # land somewhere inside the run, not on the first checkpoint
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed: test is vacuous"
+    state, extra = io.read_checkpoint(ck)
+    assert not extra["done"] and state["t"] < 8.0
+    killed_at = state["t"]
+
+    assert main(["-q", "run", str(cfg_path), "--output", str(out), "--no-figures"]) == 0
+    res = io.load(out / RESULTS_NAME)
+    assert res.metadata["complete"]
+    assert_identical(res, reference(parse_config(TOML)))
+    assert killed_at < res.times[-1]
+
+
+def test_resume_mid_interval_attention_with_field_history(tmp_path):
+    """Stopping inside a save interval (field_interval history in the state) and resuming is exact."""
+    text = TOML.replace('type = "zero_temperature"', 'type = "attention"\nbeta = 5.0').replace(
+        "nside = 8", "nside = 4").replace("t_end = 8.0", "t_end = 2.0").replace(
+        "[output]", "[scheme]\nfield_interval = 3\n[output]")
+    cfg = parse_config(text)
+    cfg = replace(cfg, output=replace(cfg.output, checkpoint_every=1e9))  # only the forced checkpoints
+    assert run_experiment(cfg, tmp_path / "a", figures=False, stop_after_steps=5) is None
+    state, extra = io.read_checkpoint(tmp_path / "a" / CHECKPOINT_NAME)
+    assert state["n_steps"] == 5 and len(state["history"]) >= 1
+    assert float(state["t"]) not in set(cfg.save_times().tolist())
+    res = run_experiment(cfg, tmp_path / "a", figures=False)
+    assert_identical(res, reference(cfg))
+
+
+def test_complete_run_is_not_recomputed_and_other_config_refused(tmp_path):
+    cfg = parse_config(TOML.replace("nside = 8", "nside = 2").replace("t_end = 8.0", "t_end = 0.5"))
+    out = tmp_path / "c"
+    first = run_experiment(cfg, out, figures=False)
+    mtime = (out / RESULTS_NAME).stat().st_mtime_ns
+    again = run_experiment(cfg, out, figures=False)
+    assert (out / RESULTS_NAME).stat().st_mtime_ns == mtime
+    assert np.array_equal(again.density, first.density)
+    other = parse_config(TOML.replace("nside = 8", "nside = 2").replace("t_end = 8.0", "t_end = 0.25"))
+    with pytest.raises(RunnerError, match="different configuration"):
+        run_experiment(other, out, figures=False)
+    assert run_experiment(other, out, figures=False, restart=True).times[-1] == 0.25
