@@ -9,7 +9,7 @@ import pytest
 from spherepde.kernels.fastexp import EXP_UNDERFLOW, fexp
 from spherepde.models.attention import METHODS, Attention, SourceBlocks
 
-FAST = ["pruned", "auto"]
+FAST = ["pruned", "spectral", "auto"]
 
 
 def pix(nside):
@@ -154,7 +154,7 @@ def test_beta_zero_is_weighted_mean_and_small_beta_limit():
     w = rng.uniform(0, 1, len(y))
     mean = (w[:, None] * y).sum(0) / w.sum()
     B = random_B(rng)
-    for meth in ("direct", "pruned", "auto"):
+    for meth in METHODS:
         m = Attention(B, np.eye(3), 0.0, method=meth).mean_field(y[:20], y, w)
         assert np.abs(m - mean).max() < 1e-14
     # first order in beta: m = mean + beta (Cov_w(y)) B^T x + O(beta^2)
@@ -170,7 +170,7 @@ def test_far_targets_and_extreme_weights_no_nan():
     y = pix(16)
     w = np.where(y[:, 2] > 0.99, 1e-300, 0.0)
     x = -y[y[:, 2] > 0.99]
-    for meth in ("direct", "pruned", "auto"):
+    for meth in METHODS:
         m = Attention(np.eye(3), np.eye(3), 1e4, method=meth).mean_field(x, y, w)
         ref = numpy_twin(x, y, w, np.eye(3), 1e4)
         assert np.all(np.isfinite(m))

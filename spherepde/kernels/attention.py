@@ -29,7 +29,7 @@ import math
 import numba as nb
 import numpy as np
 
-from .fastexp import fexp
+from .fastexp import fexp, fexp_ftz
 
 __all__ = ["direct3", "direct_nd", "pruned", "sph_coeffs", "sph_eval", "sph_recurrence"]
 
@@ -51,7 +51,7 @@ def _sum3(ux, uy, uz, h, sx, sy, sz, W, j0, n):
         ax = ux - sx[j]
         ay = uy - sy[j]
         az = uz - sz[j]
-        e = W[j] * fexp(-h * (ax * ax + ay * ay + az * az))
+        e = W[j] * fexp_ftz(-h * (ax * ax + ay * ay + az * az))
         d += e
         nx += e * sx[j]
         ny += e * sy[j]
@@ -70,7 +70,7 @@ def _sum3_log(ux, uy, uz, h, sx, sy, sz, LW, shift, j0, n):
         ax = ux - sx[j]
         ay = uy - sy[j]
         az = uz - sz[j]
-        e = fexp(LW[j] - shift - h * (ax * ax + ay * ay + az * az))
+        e = fexp_ftz(LW[j] - shift - h * (ax * ax + ay * ay + az * az))
         d += e
         nx += e * sx[j]
         ny += e * sy[j]
@@ -90,7 +90,7 @@ def _max3_log(ux, uy, uz, h, sx, sy, sz, LW, j0, n):
     return mx
 
 
-@nb.njit(parallel=True, fastmath=_FM)
+@nb.njit(parallel=True, fastmath=_FM, cache=True)
 def direct3(U, kappa, S, W, LW, out):
     """Exact attention mean for d = 3, O(N) per target.
 
@@ -132,7 +132,7 @@ def direct3(U, kappa, S, W, LW, out):
         out[i, 2] = nz / d
 
 
-@nb.njit(parallel=True, fastmath=_FM)
+@nb.njit(parallel=True, fastmath=_FM, cache=True)
 def direct_nd(U, kappa, S, W, LW, out):
     """Exact attention mean for any d (see :func:`direct3`; S is (d, N), U and out are (M, d))."""
     M, dim = U.shape
@@ -147,7 +147,7 @@ def direct_nd(U, kappa, S, W, LW, out):
             for k in range(dim):
                 a = u[k] - S[k, j]
                 q += a * a
-            e = W[j] * fexp(-h * q)
+            e = W[j] * fexp_ftz(-h * q)
             d += e
             for k in range(dim):
                 acc[k] += e * S[k, j]
@@ -166,7 +166,7 @@ def direct_nd(U, kappa, S, W, LW, out):
                 for k in range(dim):
                     a = u[k] - S[k, j]
                     q += a * a
-                e = fexp(LW[j] - shift - h * q)
+                e = fexp_ftz(LW[j] - shift - h * q)
                 d += e
                 for k in range(dim):
                     acc[k] += e * S[k, j]
@@ -203,7 +203,7 @@ def _block_nd(u, h, S, LW, shift, j0, n, acc):
         for k in range(dim):
             a = u[k] - S[k, j]
             q += a * a
-        e = fexp(LW[j] - shift - h * q)
+        e = fexp_ftz(LW[j] - shift - h * q)
         d += e
         for k in range(dim):
             acc[k] += e * S[k, j]
@@ -254,7 +254,7 @@ def _add_block(u, h, S, LW, j0, n, state, acc, tmp, three):
         acc[k] += tmp[k]
 
 
-@nb.njit(parallel=True)
+@nb.njit(parallel=True, fastmath=_FM, cache=True)
 def pruned(U, kappa, S, W, LW, bstart, bc, bcr, bsr, blogm, sstart, sc, scr, ssr, slogm, eps, out, nsum):
     """Pruned attention mean: exact sums over the blocks that matter, a bound for the rest.
 
@@ -365,3 +365,309 @@ def _rescale(u, h, S, LW, j0, n, state, acc, three):
         for k in range(u.shape[0]):
             acc[k] *= f
         state[0] = mx
+
+
+# ------------------------------------------------------------------------------------------------
+# Spectral (Funk-Hecke) path, d = 3
+#
+# exp(kappa <u, y>) = sum_l 4 pi i_l(kappa) sum_m (2 - delta_m0) Nb_lm(u) Nb_lm(y) cos(m (phi_u - phi_y))
+# with Nb_lm = sqrt((2l+1)/(4pi) (l-m)!/(l+m)!) P_l^m (orthonormal). Writing Nb_lm = rho^m Pt_lm(z)
+# (rho = sin theta) and rho^m e^{i m phi} = (x + i y)^m avoids angles, divisions and the poles.
+# ------------------------------------------------------------------------------------------------
+def sph_recurrence(L):
+    """Index offsets and recurrence coefficients for Pt_lm, 0 <= m <= l <= L (m-major packing).
+
+    Returns ``(offset, ra, rb, pmm)``: index of (l, m) is ``offset[m] + l - m``;
+    Pt_mm = pmm[m], Pt_{m+1,m} = ra * z * Pt_mm, Pt_lm = ra * (z Pt_{l-1,m} - rb Pt_{l-2,m}).
+    """
+    nlm = (L + 1) * (L + 2) // 2
+    offset = np.zeros(L + 2, dtype=np.int64)
+    for m in range(L + 1):
+        offset[m + 1] = offset[m] + L + 1 - m
+    ra = np.zeros(nlm)
+    rb = np.zeros(nlm)
+    pmm = np.zeros(L + 1)
+    p = 1.0 / math.sqrt(4.0 * math.pi)
+    for m in range(L + 1):
+        if m > 0:
+            p *= math.sqrt((2.0 * m + 1.0) / (2.0 * m))
+        pmm[m] = p
+        for l in range(m + 1, L + 1):
+            i = offset[m] + l - m
+            ra[i] = math.sqrt((4.0 * l * l - 1.0) / (l * l - m * m))
+            rb[i] = math.sqrt(((l - 1.0) ** 2 - m * m) / (4.0 * (l - 1.0) ** 2 - 1.0)) if l > m + 1 else 0.0
+    return offset, ra, rb, pmm
+
+
+_CH = 128  # sources / targets per vector chunk
+
+
+@nb.njit(parallel=True, fastmath=_FM, cache=True)
+def sph_coeffs(S, W, L, offset, ra, rb, pmm, nthreads):
+    """Moments A^q_lm + i B^q_lm = sum_j W^q_j Pt_lm(z_j) (x_j + i y_j)^m of the four maps
+    W^0 = W, W^1 = W x, W^2 = W y, W^3 = W z.
+
+    Parameters
+    ----------
+    S : (3, N) float64
+        Unit sources, transposed.
+    W : (N,) float64
+        Weights.
+    L : int
+        Degree.
+    offset, ra, rb, pmm : arrays from :func:`sph_recurrence`.
+    nthreads : int
+        Number of partial accumulators (one per thread).
+
+    Returns
+    -------
+    (8, nlm) float64
+        Rows 2q and 2q + 1: A^q and B^q.
+    """
+    N = S.shape[1]
+    nlm = offset[L + 1]
+    part = np.zeros((nthreads, 8, nlm))
+    nch = (N + _CH - 1) // _CH
+    per = (nch + nthreads - 1) // nthreads
+    for t in nb.prange(nthreads):
+        G = np.empty((8, _CH))
+        cr = np.empty(_CH)
+        ci = np.empty(_CH)
+        P1 = np.empty(_CH)
+        P2 = np.empty(_CH)
+        acc = part[t]
+        for c in range(t * per, min(nch, (t + 1) * per)):
+            j0 = c * _CH
+            n = min(N, j0 + _CH) - j0
+            for jj in range(n):
+                cr[jj] = 1.0
+                ci[jj] = 0.0
+            for m in range(L + 1):
+                if m > 0:
+                    for jj in range(n):
+                        j = j0 + jj
+                        a = cr[jj] * S[0, j] - ci[jj] * S[1, j]
+                        ci[jj] = cr[jj] * S[1, j] + ci[jj] * S[0, j]
+                        cr[jj] = a
+                for jj in range(n):
+                    j = j0 + jj
+                    w = W[j]
+                    wx = w * S[0, j]
+                    wy = w * S[1, j]
+                    wz = w * S[2, j]
+                    G[0, jj] = w * cr[jj]
+                    G[1, jj] = w * ci[jj]
+                    G[2, jj] = wx * cr[jj]
+                    G[3, jj] = wx * ci[jj]
+                    G[4, jj] = wy * cr[jj]
+                    G[5, jj] = wy * ci[jj]
+                    G[6, jj] = wz * cr[jj]
+                    G[7, jj] = wz * ci[jj]
+                    P1[jj] = pmm[m]
+                    P2[jj] = 0.0
+                for l in range(m, L + 1):
+                    i = offset[m] + l - m
+                    a = ra[i]
+                    b = rb[i]
+                    s0 = 0.0
+                    s1 = 0.0
+                    s2 = 0.0
+                    s3 = 0.0
+                    s4 = 0.0
+                    s5 = 0.0
+                    s6 = 0.0
+                    s7 = 0.0
+                    first = l == m
+                    for jj in range(n):
+                        if first:
+                            p = P1[jj]
+                        else:
+                            p = a * (S[2, j0 + jj] * P1[jj] - b * P2[jj])
+                            P2[jj] = P1[jj]
+                            P1[jj] = p
+                        s0 += G[0, jj] * p
+                        s1 += G[1, jj] * p
+                        s2 += G[2, jj] * p
+                        s3 += G[3, jj] * p
+                        s4 += G[4, jj] * p
+                        s5 += G[5, jj] * p
+                        s6 += G[6, jj] * p
+                        s7 += G[7, jj] * p
+                    acc[0, i] += s0
+                    acc[1, i] += s1
+                    acc[2, i] += s2
+                    acc[3, i] += s3
+                    acc[4, i] += s4
+                    acc[5, i] += s5
+                    acc[6, i] += s6
+                    acc[7, i] += s7
+    out = np.zeros((8, nlm))
+    for t in range(nthreads):
+        out += part[t]
+    return out
+
+
+@nb.njit(inline="always")
+def _ibessel_scaled(kap, L, il, ext):
+    """il[l] = exp(-kappa) i_l(kappa), l = 0..L (modified spherical Bessel), and the tail
+    sum_{l > L} (2l + 1) exp(-kappa) i_l(kappa) (returned). Ratios i_l / i_{l-1} by the backward
+    continued fraction started at L + ext (stable for every kappa >= 0)."""
+    top = L + ext
+    if kap < 1e-300:
+        il[0] = 1.0
+        for l in range(1, L + 1):
+            il[l] = 0.0
+        return 0.0
+    # ratios r_l = i_l / i_{l-1}, stored in il[l] for l <= L; the tail terms are built on the fly
+    r = 0.0
+    for l in range(top, L, -1):
+        r = kap / (2.0 * l + 1.0 + kap * r)
+    rL1 = r  # r_{L+1}
+    for l in range(L, 0, -1):
+        r = kap / (2.0 * l + 1.0 + kap * r)
+        il[l] = r
+    il[0] = -math.expm1(-2.0 * kap) / (2.0 * kap)
+    for l in range(1, L + 1):
+        il[l] = il[l - 1] * il[l]
+    # tail: forward products of the ratios above L (recomputed, top - L of them)
+    tail = 0.0
+    term = il[L]
+    rs = np.empty(ext)
+    r = 0.0
+    for l in range(top, L, -1):
+        r = kap / (2.0 * l + 1.0 + kap * r)
+        rs[l - L - 1] = r
+    for q in range(ext):
+        term *= rs[q]
+        tail += (2.0 * (L + 1 + q) + 1.0) * term
+    # beyond top: ratios < kappa / (2 top + 3) <= 1/2, so the rest is below twice the last term
+    tail += 2.0 * (2.0 * top + 3.0) * term
+    return tail
+
+
+@nb.njit(cache=True)
+def sph_tail(kap, L, ext):
+    """sum_{l > L} (2l + 1) exp(-kappa) i_l(kappa): the truncation tail of the Funk-Hecke series."""
+    il = np.empty(L + 1)
+    return _ibessel_scaled(kap, L, il, ext)
+
+
+@nb.njit(parallel=True, fastmath=_FM, cache=True)
+def sph_eval(U, kappa, C, R, L, offset, ra, rb, pmm, ext, out, absum, tail):
+    """Funk-Hecke evaluation of the four maps at the targets.
+
+    Parameters
+    ----------
+    U : (M, 3) float64
+        Unit kernel centres.
+    kappa : (M,) float64
+        Concentrations, with 2 kappa <= 2 (top) / ... (any kappa >= 0; ``ext`` sets the start).
+    C : (8, nlm) float64
+        Moments from :func:`sph_coeffs`.
+    R : (nlm,) float64
+        max_q |A^q_lm + i B^q_lm|, for the a-posteriori absolute sum.
+    L : int
+    offset, ra, rb, pmm : recurrence tables.
+    ext : int
+        Extra terms of the backward recurrence beyond L (>= kappa-dependent start, see the model).
+    out : (M, 4) float64
+        Receives exp(-kappa) sum_j W^q_j exp(kappa <u, y_j>), q = 0..3 (denominator, numerators).
+    absum : (M,) float64
+        Receives sum over (l, m) of |term| (rounding estimate).
+    tail : (M,) float64
+        Receives the truncation tail sum_{l > L} (2l + 1) exp(-kappa) i_l(kappa).
+    """
+    M = U.shape[0]
+    nch = (M + _CH - 1) // _CH
+    fourpi = 4.0 * math.pi
+    for c in nb.prange(nch):
+        i0 = c * _CH
+        n = min(M, i0 + _CH) - i0
+        cl = np.empty((L + 1, _CH))
+        il = np.empty(L + 1)
+        cr = np.empty(_CH)
+        ci = np.empty(_CH)
+        rho = np.empty(_CH)
+        rm = np.empty(_CH)
+        P1 = np.empty(_CH)
+        P2 = np.empty(_CH)
+        F = np.zeros((5, _CH))
+        for tt in range(n):
+            t = i0 + tt
+            tail[t] = _ibessel_scaled(kappa[t], L, il, ext)
+            for l in range(L + 1):
+                cl[l, tt] = fourpi * il[l]
+            cr[tt] = 1.0
+            ci[tt] = 0.0
+            rho[tt] = math.sqrt(U[t, 0] * U[t, 0] + U[t, 1] * U[t, 1])
+            rm[tt] = 1.0
+        for m in range(L + 1):
+            fm = 1.0 if m == 0 else 2.0
+            if m > 0:
+                for tt in range(n):
+                    t = i0 + tt
+                    a = cr[tt] * U[t, 0] - ci[tt] * U[t, 1]
+                    ci[tt] = cr[tt] * U[t, 1] + ci[tt] * U[t, 0]
+                    cr[tt] = a
+                    rm[tt] *= rho[tt]
+            for tt in range(n):
+                P1[tt] = pmm[m]
+                P2[tt] = 0.0
+            for l in range(m, L + 1):
+                i = offset[m] + l - m
+                a = ra[i]
+                b = rb[i]
+                A0 = C[0, i]
+                B0 = C[1, i]
+                A1 = C[2, i]
+                B1 = C[3, i]
+                A2 = C[4, i]
+                B2 = C[5, i]
+                A3 = C[6, i]
+                B3 = C[7, i]
+                Ri = R[i]
+                first = l == m
+                for tt in range(n):
+                    if first:
+                        p = P1[tt]
+                    else:
+                        p = a * (U[i0 + tt, 2] * P1[tt] - b * P2[tt])
+                        P2[tt] = P1[tt]
+                        P1[tt] = p
+                    g = fm * cl[l, tt] * p
+                    x = cr[tt]
+                    y = ci[tt]
+                    F[0, tt] += g * (x * A0 + y * B0)
+                    F[1, tt] += g * (x * A1 + y * B1)
+                    F[2, tt] += g * (x * A2 + y * B2)
+                    F[3, tt] += g * (x * A3 + y * B3)
+                    F[4, tt] += abs(g) * rm[tt] * Ri
+        for tt in range(n):
+            t = i0 + tt
+            for q in range(4):
+                out[t, q] = F[q, tt]
+            absum[t] = F[4, tt]
+
+
+@nb.njit(parallel=True, fastmath=_FM, cache=True)
+def direct3_sums(U, kappa, S, W, out):
+    """Raw shifted sums for d = 3: out[i] = sum_j W_j exp(-kappa_i |u_i - y_j|^2 / 2) (1, y_j).
+
+    Parameters
+    ----------
+    U, kappa, S, W : as in :func:`direct3`.
+    out : (M, 4) float64
+        Receives the denominator and the three numerator components, scaled by exp(-kappa_i)
+        (the same scaling as :func:`sph_eval`), flushed to 0 where below ~1e-308.
+    """
+    M = U.shape[0]
+    N = S.shape[1]
+    sx = S[0]
+    sy = S[1]
+    sz = S[2]
+    for i in nb.prange(M):
+        d, nx, ny, nz = _sum3(U[i, 0], U[i, 1], U[i, 2], 0.5 * kappa[i], sx, sy, sz, W, 0, N)
+        out[i, 0] = d
+        out[i, 1] = nx
+        out[i, 2] = ny
+        out[i, 3] = nz
