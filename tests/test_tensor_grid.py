@@ -237,3 +237,35 @@ def test_bad_input():
     with pytest.raises(ValueError):
         g.sample_in_cells([g.n_cells])
     assert math.isclose(g.total_area, 4 * math.pi)
+
+
+def test_circle_fft_mean_field():
+    """FFT path on the circle (B = s R(alpha)) against the direct kernel, with its bound; falls back
+    to the direct kernel when the bound fails (concentrated density) or B is not a scaled rotation."""
+    from spherepde.kernels.circle import circle_mean_field, rotation_scale
+    from spherepde.models.attention import Attention
+
+    th = 0.7
+    R = np.array([[np.cos(th), -np.sin(th)], [np.sin(th), np.cos(th)]])
+    assert np.allclose(rotation_scale(1.5 * R), (1.5, th))
+    assert rotation_scale(np.diag([1.0, 2.0])) is None and rotation_scale(np.diag([1.0, -1.0])) is None
+    g = TensorGrid(2, 128)
+    phi0 = 0.5 * (g.lo[0, 0] + g.hi[0, 0])
+    assert np.allclose(g.centers, np.stack([np.cos(phi0 + 2 * np.pi * np.arange(256) / 256),
+                                            np.sin(phi0 + 2 * np.pi * np.arange(256) / 256)], 1))
+    rng = np.random.default_rng(0)
+    w = (rng.random(g.n_cells) + 0.1) * g.areas
+    for beta in (1.0, 20.0):
+        model = Attention(1.5 * R, np.eye(2), beta, method="direct")
+        m, info = circle_mean_field(model, phi0, w, return_info=True)
+        ref = model.mean_field(g.centers, g.centers, w)
+        assert info["method"] == "fft"
+        assert np.abs(m - ref).max() <= info["bound"] + 1e-13
+    # a very concentrated density at large beta s: the bound cannot be certified -> direct
+    model = Attention(1.5 * R, np.eye(2), 20.0, method="direct")
+    wc = np.exp(60 * (g.centers[:, 0] - 1)) * g.areas
+    m, info = circle_mean_field(model, phi0, wc, return_info=True)
+    assert info["method"] == "direct"
+    assert np.allclose(m, model.mean_field(g.centers, g.centers, wc))
+    model = Attention(np.diag([1.0, 2.0]), np.eye(2), 5.0, method="direct")
+    assert circle_mean_field(model, phi0, w, return_info=True)[1]["method"] == "direct"

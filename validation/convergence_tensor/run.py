@@ -33,6 +33,13 @@ HERE = Path(__file__).resolve().parent
 GRIDS = {2: (32, 64, 128, 256), 3: (16, 32, 64, 128), 4: (8, 16, 32)}
 QUICK = {2: (16, 32, 64), 3: (8, 16, 32), 4: (4, 8, 16)}
 T_END = {"rotation": 1.0, "divergent": 0.5, "zero_temperature": 0.5}
+#: The d = 4 zero-temperature pair contracts onto a great 2-sphere at rate ~2.5: at t = 0.5 the sheet is
+#: not resolved at n = 16 (L1 order 1.0 from n = 8 to 16); t = 0.25 is.
+T_OVERRIDE = {(4, "zero_temperature"): 0.25}
+
+
+def t_end(name: str, d: int) -> float:
+    return T_OVERRIDE.get((d, name), T_END[name])
 
 
 def f0_for(d: int):
@@ -102,7 +109,7 @@ def divergent_exact(b, f0):
 def problem(name: str, d: int):
     """(model, exact cell averages on a grid at time T)."""
     f0 = f0_for(d)
-    T = T_END[name]
+    T = t_end(name, d)
     if name == "rotation":
         A = skew(d)
         R = expm(-A * T)
@@ -138,7 +145,7 @@ def run(quick: bool = False, dims=(2, 3, 4), names=("rotation", "divergent", "ze
             for n in grids[d]:
                 g = TensorGrid(d, n)
                 t0 = time.perf_counter()
-                r = solve(g, model, f0, T_END[name])
+                r = solve(g, model, f0, t_end(name, d))
                 wall = time.perf_counter() - t0
                 dg = r.diagnostics
                 row = {"n": n, "cells": g.n_cells, "steps": r.n_steps, "wall_s": wall,
@@ -152,7 +159,7 @@ def run(quick: bool = False, dims=(2, 3, 4), names=("rotation", "divergent", "ze
                     # cells scale like n^(d-1): order per refinement of the cell width h ~ 1/n
                     rows[i][f"order_{k}"] = float(np.log(rows[i - 1][k] / rows[i][k])
                                                   / np.log(rows[i]["n"] / rows[i - 1]["n"]))
-            out[f"d{d}_{name}"] = {"d": d, "problem": name, "T": T_END[name], "rows": rows}
+            out[f"d{d}_{name}"] = {"d": d, "problem": name, "T": t_end(name, d), "rows": rows}
     return out
 
 
