@@ -2,11 +2,31 @@
 
 Finite volumes on HEALPix (S^2) and tensor grids (S^(d-1)) for the nonlocal continuity equation
 d_t f + div_S(f v[f]) = 0 of mean-field self-attention, with its zero-temperature limit, particle
-simulations and the diagnostics of the concentration theory. Conventions (B vs B^T, V vs V^T) are in
-``docs/user_guide.md`` and ``spherepde.models``.
+simulations and the diagnostics of the concentration theory.
+
+Conventions (one place, kept everywhere): attention score <x, B y> with B = Q^T K; value map y -> V y;
+A = V B^T; zero-temperature field v_inf(x) = P_x(V B^T x) / |B^T x|; densities are with respect to the
+surface measure (a probability density integrates to 1; the area of S^2 is 4 pi).
 """
-from .models import Model, Prescribed, ZeroTemperature
+from .diagnostics import alignment, concentration_diagnostics, interaction_energy
+from .exact import characteristics_backward, exact_cell_averages, exact_zero_temperature
+from .grids import Grid, HealpixGrid
+from .models import Attention, Model, Prescribed, ZeroTemperature
+from .particles import ParticleResult, particle_velocity, simulate_particles
+from .sampling import (sample_grid_density, sample_uniform, sample_vmf, sample_vmf_mixture,
+                       vmf_mean_resultant)
+from .solver import Options, Result, Solver, solve
+from .spectral import SpectralData, limit_measure, lyapunov_vp, projection, spectral_data
+from .wasserstein import coarsen_measure, wasserstein2, wasserstein2_two_atoms
 
 __version__ = "0.1.0"
 
-__all__ = ["Model", "Prescribed", "ZeroTemperature", "__version__"]
+__all__ = [
+    "Attention", "Grid", "HealpixGrid", "Model", "Options", "ParticleResult", "Prescribed", "Result",
+    "Solver", "SpectralData", "ZeroTemperature", "alignment", "characteristics_backward",
+    "coarsen_measure", "concentration_diagnostics", "exact_cell_averages", "exact_zero_temperature",
+    "interaction_energy", "limit_measure", "lyapunov_vp", "particle_velocity", "projection",
+    "sample_grid_density", "sample_uniform", "sample_vmf", "sample_vmf_mixture", "simulate_particles",
+    "solve", "spectral_data", "vmf_mean_resultant", "wasserstein2", "wasserstein2_two_atoms",
+    "__version__",
+]

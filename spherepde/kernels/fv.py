@@ -33,7 +33,8 @@ __all__ = [
     "MAX_DIM",
 ]
 
-#: Relative safety margin on the outflow bound, so that rounding never produces a negative average.
+#: Relative safety margin on the limiter's bounds (each face outflow >= margin * q f, total outflow
+#: <= (1 - margin) f |C| / dt), so that rounding (1e-16 relative) never produces a negative average.
 OUTFLOW_MARGIN = 1e-12
 
 
@@ -124,7 +125,7 @@ def limited_gradient(f, stencil, coef, cell_faces, cell_sign, mom, area, dt, lim
                     gq *= sgn
                     # outflow through this face, q fi + theta gq, must stay >= 0
                     if gq < 0.0 and q * fi + gq < 0.0:
-                        theta = min(theta, q * fi / (-gq))
+                        theta = min(theta, (1.0 - OUTFLOW_MARGIN) * q * fi / (-gq))
                     s0 += q * fi
                     s1 += gq
                 cap = (1.0 - OUTFLOW_MARGIN) * fi * area[i] / dt
@@ -158,17 +159,20 @@ def face_flux(f, g, owner, neigh, mom, flux):
 
 @njit(parallel=True, cache=True)
 def cell_update(fa, fb, flux, cell_faces, cell_sign, area, dt, alpha, out):
-    """out = alpha fa + (1 - alpha) (fb - dt/|C| sum_faces sign F): one SSP-RK stage."""
+    """out = alpha fa + (1 - alpha) (fb - dt/|C| sum_faces sign F): one SSP-RK stage (Shu-Osher form)."""
     N, K = cell_faces.shape
     beta = 1.0 - alpha
     for i in prange(N):
         s = 0.0
         for k in range(K):
             s += cell_sign[i, k] * flux[cell_faces[i, k]]
-        val = fb[i] - dt * s / area[i]
-        if alpha != 0.0:
-            val = alpha * fa[i] + beta * val
-        out[i] = val
+        if alpha == 0.0:
+            out[i] = fb[i] - dt * s / area[i]
+        else:
+            # increment form of alpha fa + (1 - alpha)(fb - dt s/|C|): near a steady state the same
+            # products would round the same way every step and the mass would drift linearly
+            # (measured 6e-17 per step with SSP-RK3); here only the small increment is rounded.
+            out[i] = fa[i] + beta * ((fb[i] - fa[i]) - dt * s / area[i])
 
 
 @njit(parallel=True, cache=True)

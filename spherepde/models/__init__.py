@@ -1,6 +1,7 @@
 """Velocity models: the physics. Each is a frozen object of physical parameters."""
+from .attention import Attention
 from .base import Model, tangent_project
 from .prescribed import Prescribed
 from .zero_temperature import ZeroTemperature
 
-__all__ = ["Model", "Prescribed", "ZeroTemperature", "tangent_project"]
+__all__ = ["Attention", "Model", "Prescribed", "ZeroTemperature", "tangent_project"]
