@@ -69,8 +69,10 @@ def _grid_attrs(grid) -> dict:
         a.update(type="healpix", nside=int(grid.nside), order="RING")
     else:
         a["type"] = "tensor"
-        if hasattr(grid, "n"):
-            a["n"] = int(grid.n)
+        if hasattr(grid, "counts"):
+            a["counts"] = np.asarray(grid.counts, dtype=np.int64)
+        if hasattr(grid, "reduced"):
+            a["reduced"] = bool(grid.reduced)
     return a
 
 
@@ -261,7 +263,8 @@ def load(path, rebuild: bool = True):
         gattrs = dict(h["grid"].attrs)
         meta = {
             "versions": {k: str(v) for k, v in vers.items()},
-            "grid_attrs": {k: (v.item() if hasattr(v, "item") else v) for k, v in gattrs.items()},
+            "grid_attrs": {k: (v.item() if getattr(v, "size", 1) == 1 and hasattr(v, "item") else v)
+                           for k, v in gattrs.items()},
             "complete": bool(h.attrs.get("complete", False)),
             "path": str(path),
             "concentration": _read_group(h, "concentration"),

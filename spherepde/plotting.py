@@ -318,7 +318,7 @@ def make_figures(result, outdir, kinds=("maps", "diagnostics", "concentration"))
     for kind in kinds:
         try:
             if kind == "maps" and dim in (2, 3):
-                save(plot_maps(result, kind="mollweide"), "maps_mollweide.png")
+                save(plot_maps(result, kind="mollweide"), "maps_mollweide.png" if dim == 3 else "maps_circle.png")
                 if dim == 3:
                     save(plot_maps(result, kind="orthographic", particles=False), "maps_orthographic.png")
             elif kind == "diagnostics":

@@ -1,0 +1,144 @@
+"""The command line end to end on a tiny configuration: run, plot, load, validate, info, bad configs."""
+import logging
+import sys
+
+import numpy as np
+import pytest
+
+from spherepde import io
+from spherepde.cli import discover_studies, info_text, main
+
+TINY = """
+name = "tiny"
+[grid]
+type = "healpix"
+nside = 2
+[model]
+type = "zero_temperature"
+B = "paper"
+V = "paper"
+[initial]
+type = "vmf_mixture"
+means = [[1, 0.2, 0.1]]
+kappas = 2.0
+uniform_weight = 0.5
+[time]
+t_end = 0.5
+save_every = 0.25
+[output]
+fits = true
+plots = ["maps", "diagnostics", "concentration", "particles"]
+[particles]
+n = 20
+dt = 0.05
+"""
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    import numba
+
+    n = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(n)
+
+
+def test_run_plot_load_end_to_end(tmp_path):
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY)
+    out = tmp_path / "out"
+    assert main(["-q", "run", str(cfg), "--output", str(out)]) == 0
+    res = io.load(out / "results.h5")
+    np.testing.assert_allclose(res.times, [0, 0.25, 0.5])
+    assert res.density.shape == (3, 48) and res.metadata["complete"]
+    assert abs(res.grid.mass(res.density[-1]) - res.grid.mass(res.density[0])) < 1e-13
+    conc = res.metadata["concentration"]
+    assert conc["w2_limit"].shape == (3,) and conc["particles_alignment_E"].shape == (3,)
+    assert res.metadata["particles"]["positions"].shape == (3, 20, 3)
+    assert (out / "experiment.toml").read_text() == TINY
+    assert sorted(p.name for p in (out / "fits").iterdir()) == [f"density_000{i}.fits" for i in range(3)]
+    figs = {p.name for p in (out / "figures").iterdir()}
+    assert {"maps_mollweide.png", "diagnostics.png", "concentration.png", "particles_overlay.png"} <= figs
+    # plot again from the file alone, elsewhere
+    assert main(["-q", "plot", str(out / "results.h5"), "--output", str(tmp_path / "figs"),
+                 "--kinds", "diagnostics", "maps"]) == 0
+    assert {p.name for p in (tmp_path / "figs").iterdir()} == {"diagnostics.png", "maps_mollweide.png",
+                                                               "maps_orthographic.png"}
+
+
+def test_bad_config_exit_status_and_message(tmp_path, caplog):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(TINY.replace("nside = 2", "nside = 2\nresolution = 5"))
+    with caplog.at_level(logging.ERROR, logger="spherepde.cli"):
+        assert main(["run", str(cfg), "--output", str(tmp_path / "o")]) == 2
+    assert "grid.resolution" in caplog.text and "unknown key" in caplog.text
+    assert not (tmp_path / "o").exists()
+    caplog.clear()
+    cfg.write_text(TINY.replace("kappas = 2.0", "kappas = \"high\""))
+    with caplog.at_level(logging.ERROR, logger="spherepde.cli"):
+        assert main(["run", str(cfg), "--check"]) == 2
+    assert "initial.kappas" in caplog.text and "'high'" in caplog.text
+    cfg.write_text(TINY)
+    assert main(["-q", "run", str(cfg), "--check"]) == 0
+    assert main(["-q", "run", str(tmp_path / "missing.toml")]) == 2
+
+
+def test_validate_discovers_and_passes_quick(tmp_path):
+    root = tmp_path / "validation"
+    for name in ("study_a", "study_b"):
+        (root / name).mkdir(parents=True)
+        (root / name / "run.py").write_text(
+            "import sys, pathlib\n"
+            "pathlib.Path(__file__).with_name('ran.txt').write_text(' '.join(sys.argv[1:]))\n")
+    (root / "not_a_study").mkdir()
+    assert list(discover_studies(root)) == ["study_a", "study_b"]
+    assert main(["-q", "validate", "study_b", "--quick", "--root", str(root)]) == 0
+    assert (root / "study_b" / "ran.txt").read_text() == "--quick"
+    assert not (root / "study_a" / "ran.txt").exists()
+    assert main(["-q", "validate", "nope", "--root", str(root)]) == 2
+    (root / "study_a" / "run.py").write_text("import sys\nsys.exit(3)\n")
+    assert main(["-q", "validate", "--root", str(root)]) == 1
+
+
+def test_info(capsys):
+    assert main(["info"]) == 0
+    text = capsys.readouterr().out
+    for key in ("spherepde", "numba", "threading", "cpu count", sys.version.split()[0]):
+        assert key in text
+    assert info_text().splitlines()[0].startswith("python")
+
+
+def test_run_on_the_circle_tensor_grid(tmp_path):
+    pytest.importorskip("spherepde.grids.tensor")
+    cfg = tmp_path / "circle.toml"
+    cfg.write_text("""
+[grid]
+type = "tensor"
+d = 2
+n = 16
+[model]
+type = "zero_temperature"
+B = [1, -1]
+V = [1, 1]
+[initial]
+type = "vmf_mixture"
+means = [[1, 1]]
+kappas = 1.0
+uniform_weight = 0.5
+[time]
+t_end = 0.5
+save_every = 0.25
+[output]
+plots = ["maps", "diagnostics", "concentration"]
+""")
+    out = tmp_path / "out"
+    assert main(["-q", "run", str(cfg), "--output", str(out)]) == 0
+    res = io.load(out / "results.h5")
+    assert res.grid.dim == 2 and res.density.shape == (3, 32)
+    assert res.metadata["grid_attrs"]["type"] == "tensor"
+    # A = V B^T = diag(1, -1): mass moves towards +-e1, so the alignment with E grows
+    a = res.metadata["concentration"]["alignment_E"]
+    assert a[-1] > a[0]
+    assert {p.name for p in (out / "figures").iterdir()} == {"maps_circle.png", "diagnostics.png",
+                                                           "concentration.png"}
