@@ -220,8 +220,13 @@ def _frame_indices(n, k):
     return sorted(set(np.linspace(0, n - 1, min(n, k)).round().astype(int).tolist()))
 
 
-def plot_maps(result, indices=None, kind="mollweide", particles=True):
-    """A row of density maps at a few saved times (``indices``: default 4 spread over the run)."""
+#: View direction of the orthographic figures: oblique, so that e1, e2 and e3 are all on the visible side.
+DEFAULT_VIEW = (1.0, 0.6, 0.45)
+
+
+def plot_maps(result, indices=None, kind="mollweide", particles=True, view=DEFAULT_VIEW):
+    """A row of density maps at a few saved times (``indices``: default 4 spread over the run); for
+    ``kind="orthographic"``, seen from ``view``, with the particle overlay when ``particles``."""
     grid = result.grid
     idx = _frame_indices(len(result.times), 4) if indices is None else list(indices)
     if grid.dim == 2:
@@ -240,7 +245,7 @@ def plot_maps(result, indices=None, kind="mollweide", particles=True):
         else:
             ax = fig.add_subplot(1, len(idx), j + 1)
             pts = pp["positions"][i] if (particles and pp and i < len(pp["positions"])) else None
-            plot_orthographic(grid, result.density[i], ax=ax, title=title, particles=pts)
+            plot_orthographic(grid, result.density[i], ax=ax, title=title, particles=pts, view=view)
     fig.tight_layout()
     return fig
 
@@ -328,7 +333,7 @@ def make_figures(result, outdir, kinds=("maps", "diagnostics", "concentration"))
             elif kind == "particles" and result.metadata.get("particles") and dim == 3:
                 save(plot_maps(result, kind="orthographic", particles=True), "particles_overlay.png")
             elif kind == "animation" and dim in (2, 3):
-                view = "mollweide" if not result.metadata.get("particles") else (1.0, 0.3, 0.4)
+                view = "mollweide" if not result.metadata.get("particles") else DEFAULT_VIEW
                 written.append(animate(result, out / "density.gif", view=view))
             else:
                 log.info("figure %r does not apply to this result: skipped", kind)
