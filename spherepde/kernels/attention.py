@@ -31,7 +31,7 @@ import numpy as np
 
 from .fastexp import fexp, fexp_ftz
 
-__all__ = ["direct3", "direct_nd", "pruned", "sph_coeffs", "sph_eval", "sph_recurrence"]
+__all__ = ["direct3", "direct3_sums", "direct_nd", "pruned", "pruned3", "sph_tail", "sph_coeffs", "sph_eval", "sph_recurrence"]
 
 # reassoc lets LLVM vectorise the reductions; no 'nnan'/'ninf' (LW holds -inf on purpose).
 _FM = {"reassoc", "contract", "nsz", "arcp"}
@@ -671,3 +671,92 @@ def direct3_sums(U, kappa, S, W, out):
         out[i, 1] = nx
         out[i, 2] = ny
         out[i, 3] = nz
+
+
+@nb.njit(fastmath=_FM, inline="always")
+def _lb3(ux, uy, uz, C, cr, sr, logm, kap, k):
+    """:func:`_logbound` for d = 3 with C stored (n, 3)."""
+    c = ux * C[k, 0] + uy * C[k, 1] + uz * C[k, 2]
+    if c >= cr[k]:
+        cd = 1.0
+    else:
+        cd = min(c * cr[k] + math.sqrt(max(1.0 - c * c, 0.0)) * sr[k], 1.0)
+    return logm[k] + kap * (cd - 1.0)
+
+
+@nb.njit(parallel=True, fastmath=_FM, cache=True)
+def pruned3(U, kappa, S, W, LW, bstart, bc, bcr, bsr, blogm, sstart, sc, scr, ssr, slogm, eps, out, nsum):
+    """:func:`pruned` specialised to d = 3 (scalar accumulators, block centres ``bc``, ``sc`` as
+    (n, 3) arrays); same arguments, same guarantee."""
+    M = U.shape[0]
+    nbk = bstart.shape[0] - 1
+    ns = sstart.shape[0] - 1
+    logunits = math.log(nbk + ns)
+    logeps = math.log(eps)
+    sx = S[0]
+    sy = S[1]
+    sz = S[2]
+    nchunk = (M + 63) // 64
+    for c in nb.prange(nchunk):
+        Ls = np.empty(ns)
+        for i in range(c * 64, min(M, c * 64 + 64)):
+            ux = U[i, 0]
+            uy = U[i, 1]
+            uz = U[i, 2]
+            kap = kappa[i]
+            h = 0.5 * kap
+            best = -np.inf
+            sbest = 0
+            for s in range(ns):
+                v = _lb3(ux, uy, uz, sc, scr, ssr, slogm, kap, s)
+                Ls[s] = v
+                if v > best:
+                    best = v
+                    sbest = s
+            best = -np.inf
+            for k in range(sstart[sbest], sstart[sbest + 1]):
+                best = max(best, _lb3(ux, uy, uz, bc, bcr, bsr, blogm, kap, k))
+            cut = best - NEAR
+            sig = 0.0
+            started = False
+            D = 0.0
+            Nx = 0.0
+            Ny = 0.0
+            Nz = 0.0
+            cnt = 0
+            thr = cut
+            for ps in range(2):
+                if ps == 1:
+                    thr = logeps + math.log(D) + sig - logunits
+                for s in range(ns):
+                    if Ls[s] < thr:
+                        continue
+                    near = Ls[s] >= cut
+                    for k in range(sstart[s], sstart[s + 1]):
+                        lk = _lb3(ux, uy, uz, bc, bcr, bsr, blogm, kap, k)
+                        if lk < thr or (ps == 1 and near and lk >= cut):
+                            continue
+                        j0 = bstart[k]
+                        n = bstart[k + 1] - j0
+                        if not started or lk > sig + RESCALE:
+                            mx = _max3_log(ux, uy, uz, h, sx, sy, sz, LW, j0, n)
+                            if not started:
+                                sig = mx
+                                started = True
+                            elif mx > sig:
+                                f = fexp(sig - mx)
+                                D *= f
+                                Nx *= f
+                                Ny *= f
+                                Nz *= f
+                                sig = mx
+                        d, nx, ny, nz = _sum3_log(ux, uy, uz, h, sx, sy, sz, LW, sig, j0, n)
+                        D += d
+                        Nx += nx
+                        Ny += ny
+                        Nz += nz
+                        cnt += n
+            out[i, 0] = Nx / D
+            out[i, 1] = Ny / D
+            out[i, 2] = Nz / D
+            nsum[i] = cnt

@@ -111,6 +111,8 @@ class SourceBlocks:
         self.bc, self.bcr, self.bsr = self._geometry(pts, self.bstart)
         sb = self.bstart[self.sstart]
         self.sc, self.scr, self.ssr = self._geometry(pts, sb)
+        self.bcT = np.ascontiguousarray(self.bc.T)
+        self.scT = np.ascontiguousarray(self.sc.T)
 
     @staticmethod
     def _geometry(pts, starts):
@@ -381,8 +383,12 @@ class Attention(Model):
         nsum = np.empty(U.shape[0], dtype=np.int64)
         # |m_hat - m| <= 2 eps / (1 - eps); the factor 0.45 leaves room for rounding
         eps = 0.45 * self.tol
-        _k.pruned(U, kappa, sb.S, ws, lw, sb.bstart, sb.bc, sb.bcr, sb.bsr, blogm,
-                  sb.sstart, sb.sc, sb.scr, sb.ssr, slogm, eps, out, nsum)
+        if self.dim == 3:
+            _k.pruned3(U, kappa, sb.S, ws, lw, sb.bstart, sb.bcT, sb.bcr, sb.bsr, blogm,
+                       sb.sstart, sb.scT, sb.scr, sb.ssr, slogm, eps, out, nsum)
+        else:
+            _k.pruned(U, kappa, sb.S, ws, lw, sb.bstart, sb.bc, sb.bcr, sb.bsr, blogm,
+                      sb.sstart, sb.sc, sb.scr, sb.ssr, slogm, eps, out, nsum)
         self._cache["last_nsum"] = nsum
         return out
 
