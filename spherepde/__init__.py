@@ -10,7 +10,7 @@ surface measure (a probability density integrates to 1; the area of S^2 is 4 pi)
 """
 from .diagnostics import alignment, concentration_diagnostics, interaction_energy
 from .exact import characteristics_backward, exact_cell_averages, exact_zero_temperature
-from .grids import Grid, HealpixGrid
+from .grids import Grid, HealpixGrid, TensorGrid
 from .models import Attention, Model, Prescribed, ZeroTemperature
 from .particles import ParticleResult, particle_velocity, simulate_particles
 from .sampling import (sample_grid_density, sample_uniform, sample_vmf, sample_vmf_mixture,
@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Attention", "Grid", "HealpixGrid", "Model", "Options", "ParticleResult", "Prescribed", "Result",
-    "Solver", "SpectralData", "ZeroTemperature", "alignment", "characteristics_backward",
+    "Solver", "SpectralData", "TensorGrid", "ZeroTemperature", "alignment", "characteristics_backward",
     "coarsen_measure", "concentration_diagnostics", "exact_cell_averages", "exact_zero_temperature",
     "interaction_energy", "limit_measure", "lyapunov_vp", "particle_velocity", "projection",
     "sample_grid_density", "sample_uniform", "sample_vmf", "sample_vmf_mixture", "simulate_particles",

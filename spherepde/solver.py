@@ -170,6 +170,7 @@ class Solver:
         self.f = _initial_density(grid, f0)
         self.n_steps = 0
         self._steady_mom = None
+        self._steady_rates = None
         self._history: list[tuple[float, np.ndarray]] = []  # (t, m at cells) for field_interval
         d = grid.dim
         N, F = grid.n_cells, grid.n_faces
@@ -177,7 +178,7 @@ class Solver:
         self._flux = np.empty(F)
         self._rate = np.empty(N)
         self._div = np.empty(N)
-        self._stage = [np.empty(N), np.empty(N)]
+        self._buffers = [np.empty(N), np.empty(N)]  # stage outputs; never alias self.f
         self.l0 = float(self.f.min())
         self.diag = {k: [] for k in ("time", "mass", "min", "max", "sup_div", "dt")}
         self._mom = self._moments(self.t, self.f)  # moments of the current state, reused by step()
@@ -225,33 +226,43 @@ class Solver:
         return self._compute_moments(self._face_velocity(t, f))
 
     def _compute_moments(self, v):
+        """Face moments (F, 2 + 2d) and their cell-major outflow copy (N, K, 1 + d), as a pair."""
         grid = self.grid
         a = self._normal_weights(v)
         mom = np.empty((grid.n_faces, fv.moment_width(grid.dim)))
         fv.face_moments(a, grid.face_points, grid.xbar, grid.owner, grid.neighbour, mom)
-        return mom
+        side = np.empty(grid.cell_faces.shape + (grid.dim + 1,))
+        if self.options.scheme == "linear" and self.options.limiter == "positivity":
+            fv.side_moments(mom, grid.cell_faces, grid.cell_face_sign, side)
+        return mom, side
 
     # ------------------------------------------------------------------ one step
     def _rhs_stage(self, fa, fb, mom, dt, alpha, out):
         grid, opt = self.grid, self.options
         if opt.scheme == "linear":
-            fv.limited_gradient(fb, grid.stencil, grid.stencil_coef, grid.cell_faces, grid.cell_face_sign,
-                                mom, grid.areas, dt, opt.limiter == "positivity", self._g)
+            fv.limited_gradient(fb, grid.stencil, grid.stencil_coef, mom[1], grid.areas, dt,
+                                opt.limiter == "positivity", self._g)
         else:
             self._g[:] = 0.0
-        fv.face_flux(fb, self._g, grid.owner, grid.neighbour, mom, self._flux)
+        fv.face_flux(fb, self._g, grid.owner, grid.neighbour, mom[0], self._flux)
         fv.cell_update(fa, fb, self._flux, grid.cell_faces, grid.cell_face_sign, grid.areas, dt, alpha, out)
 
     def _rates(self, mom):
+        """(max outflow Courant rate, max discrete div v) of a moment set; cached for steady fields."""
+        if mom is self._steady_mom and self._steady_rates is not None:
+            return self._steady_rates
         g = self.grid
-        fv.cell_rates(mom, g.cell_faces, g.cell_face_sign, g.areas, self._rate, self._div)
-        return float(self._rate.max()), float(self._div.max())
+        fv.cell_rates(mom[0], g.cell_faces, g.cell_face_sign, g.areas, self._rate, self._div)
+        rates = float(self._rate.max()), float(self._div.max())
+        if mom is self._steady_mom:
+            self._steady_rates = rates
+        return rates
 
     def _record(self):
         _, sup_div = self._rates(self._mom)
         d = self.diag
         d["time"].append(self.t)
-        d["mass"].append(self.grid.mass(self.f))
+        d["mass"].append(float(np.dot(self.f, self.grid.areas)))
         d["min"].append(float(self.f.min()))
         d["max"].append(float(self.f.max()))
         d["sup_div"].append(sup_div)
@@ -284,7 +295,7 @@ class Solver:
     def _try_step(self, stages, mom0, dt):
         u0 = self.f
         prev = u0
-        buf = [np.empty_like(u0), np.empty_like(u0)]
+        last = len(stages) - 1
         for s, (alpha, c) in enumerate(stages):
             if s == 0:
                 mom = mom0
@@ -292,10 +303,11 @@ class Solver:
                 mom = self._moments(self.t + c * dt, prev)
                 if dt * self._rates(mom)[0] > 1.0:
                     return None
-            out = buf[s % 2]
+            # intermediate stages in reused buffers; the result in a fresh array (callers may keep f)
+            out = np.empty_like(u0) if s == last else self._buffers[s % 2]
             self._rhs_stage(u0, prev, mom, dt, alpha, out)
             prev = out
-        return prev.copy()
+        return prev
 
     def advance(self, t_target: float, callback: Callable | None = None):
         """Step until ``t_target`` exactly (the last step is shortened to land on it)."""

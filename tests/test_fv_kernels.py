@@ -50,7 +50,7 @@ def twin_gradient(g, f, mom, dt, limit):
             if gq[i, k] < 0 and q[i, k] * f[i] + gq[i, k] < 0:
                 theta[i] = min(theta[i], (1 - fv.OUTFLOW_MARGIN) * q[i, k] * f[i] / -gq[i, k])
         cap = (1 - fv.OUTFLOW_MARGIN) * f[i] * g.areas[i] / dt
-        s0, s1 = q[i].sum() * f[i], gq[i].sum()
+        s0, s1 = q[i].sum() * f[i], gq[i].sum()  # the kernel reads q, Q from side_moments
         if s1 > 0 and s0 + theta[i] * s1 > cap:
             theta[i] = min(theta[i], max(cap - s0, 0) / s1)
     return grad * theta[:, None]
@@ -77,7 +77,9 @@ def test_limited_gradient(setup, limit):
     mom = twin_moments(g, a)
     dt = 0.9 / np.max(np.abs(a).sum(1))  # a large step so the total-outflow bound binds somewhere
     out = np.empty((g.n_cells, 3))
-    fv.limited_gradient(f, g.stencil, g.stencil_coef, g.cell_faces, g.cell_face_sign, mom, g.areas, dt, limit, out)
+    side = np.empty((g.n_cells, 4, 4))
+    fv.side_moments(mom, g.cell_faces, g.cell_face_sign, side)
+    fv.limited_gradient(f, g.stencil, g.stencil_coef, side, g.areas, dt, limit, out)
     ref = twin_gradient(g, f, mom, dt, limit)
     assert np.allclose(out, ref, rtol=1e-12, atol=1e-14)
     if limit:  # the limiter did something (else this test could not fail on it)
@@ -141,14 +143,16 @@ def test_positivity_of_one_limited_euler_stage(setup):
     fv.cell_rates(mom, g.cell_faces, g.cell_face_sign, g.areas, rate, div)
     dt = 1.0 / rate.max()
     grad = np.empty((g.n_cells, 3))
-    fv.limited_gradient(f, g.stencil, g.stencil_coef, g.cell_faces, g.cell_face_sign, mom, g.areas, dt, True, grad)
+    side = np.empty((g.n_cells, 4, 4))
+    fv.side_moments(mom, g.cell_faces, g.cell_face_sign, side)
+    fv.limited_gradient(f, g.stencil, g.stencil_coef, side, g.areas, dt, True, grad)
     flux = np.empty(g.n_faces)
     fv.face_flux(f, grad, g.owner, g.neighbour, mom, flux)
     out = np.empty(g.n_cells)
     fv.cell_update(f, f, flux, g.cell_faces, g.cell_face_sign, g.areas, dt, 0.0, out)
     assert out.min() >= 0.0
     # without the limiter the same stage goes negative (so the test above can fail)
-    fv.limited_gradient(f, g.stencil, g.stencil_coef, g.cell_faces, g.cell_face_sign, mom, g.areas, dt, False, grad)
+    fv.limited_gradient(f, g.stencil, g.stencil_coef, side, g.areas, dt, False, grad)
     fv.face_flux(f, grad, g.owner, g.neighbour, mom, flux)
     fv.cell_update(f, f, flux, g.cell_faces, g.cell_face_sign, g.areas, dt, 0.0, out)
     assert out.min() < 0.0

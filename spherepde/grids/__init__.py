@@ -1,5 +1,6 @@
 """Grids: geometry only (cells, faces, quadrature, reconstruction stencils)."""
 from .base import Grid
 from .healpix import HealpixGrid
+from .tensor import TensorGrid
 
-__all__ = ["Grid", "HealpixGrid"]
+__all__ = ["Grid", "HealpixGrid", "TensorGrid"]

@@ -77,8 +77,8 @@ class Grid:
 
 def incidence(owner: np.ndarray, neighbour: np.ndarray, n_cells: int, width: int):
     """Cell-to-face incidence arrays from the face lists (padding: face 0 with sign 0)."""
-    faces = np.zeros((n_cells, width), dtype=np.int64)
-    sign = np.zeros((n_cells, width), dtype=np.float64)
+    faces = np.zeros((n_cells, width), dtype=np.int32)  # int32/int8: less memory traffic in kernels
+    sign = np.zeros((n_cells, width), dtype=np.int8)
     count = np.zeros(n_cells, dtype=np.int64)
     for cells, s in ((owner, 1.0), (neighbour, -1.0)):
         order = np.argsort(cells, kind="stable")

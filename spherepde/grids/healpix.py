@@ -73,7 +73,7 @@ class HealpixGrid(Grid):
         self.cell_points, self.cell_weights = self._cell_quadrature(self.cell_order)
         self.xbar = np.einsum("nqd,q->nd", self.cell_points, self.cell_weights)
         nbrs = hp.get_all_neighbours(ns, pix).T  # (N, 8), -1 where absent (corners only)
-        self.stencil = np.where(nbrs >= 0, nbrs, pix[:, None]).astype(np.int64)
+        self.stencil = np.where(nbrs >= 0, nbrs, pix[:, None]).astype(np.int32)
         self.stencil_coef = least_squares_stencil(self.xbar, nbrs)
 
     def __repr__(self):
@@ -115,8 +115,8 @@ class HealpixGrid(Grid):
             nrm.append(W[:, :-3] * wt[:, :, None])
             mids.append(W[:, -3])
             ends.append(X[:, -2:])
-        self.owner = np.concatenate(owners).astype(np.int64)
-        self.neighbour = np.concatenate(neighs).astype(np.int64)
+        self.owner = np.concatenate(owners).astype(np.int32)
+        self.neighbour = np.concatenate(neighs).astype(np.int32)
         self.face_points = np.ascontiguousarray(np.concatenate(pts))
         self.face_normals = np.ascontiguousarray(np.concatenate(nrm))
         self.face_weights = w
