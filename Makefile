@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test run validate bench clean
+.PHONY: test run validate docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,9 @@ run: $(STAMP)
 
 validate: $(STAMP)
 	$(PY) -m validation.run_all
+
+docs: $(STAMP)
+	$(PY) docs/build_api.py
 
 clean:
 	rm -rf output .pytest_cache
