@@ -1,0 +1,218 @@
+"""Corollary 2 decay rates at zero temperature (issue 4).
+
+beta = inf (ZeroTemperature), B = diag(-1,-1,1), V = diag(-1,1,-2) (A = diag(1,-1,-2), E = span(e1),
+gamma = 2, sigma_max(B) = 1), f0 uniform.  For each nside: W2(rho_t, Pi#rho_0) (Pi#rho_0 from
+``limit_measure`` of the grid density at t = 0: atoms +-e1, weights 1/2; exact two-atom W2) and V_p(rho_t)
+for p = 0.25, 0.45, on a log scale against t, with decay rates fitted over the window before the grid
+floor and compared with the theory:
+
+    W2 bound  sqrt(2 V_p(rho_0)) exp(-p gamma t / sigma_max)     (an upper bound: rate p gamma / sigma_max)
+    V_p       V_p(rho_0) exp(-2 p gamma t / sigma_max).
+
+V_p of a grid density is computed with the cell quadrature of the integrand (piecewise-constant density,
+sum_i f_i |C_i| avg_{C_i} w_p), not at the pixel centres: HEALPix has centres exactly on E^perp
+(x1 = 0), where w_p = |(I-P_E)x|^{2p} / |P_E x|^{2p} is singular (``lyapunov_vp`` at the centres returns
+~1e14 there).  Since s(x) = |B^T x| = 1 for this B, characteristics are x_t = e^{At} x_0 / |e^{At} x_0|,
+which gives the continuum rates: W2 ~ e^{-t} (rate gamma / 2, for every p above the bound's p gamma),
+V_p ~ e^{-4 p t} (= the theory's 2 p gamma: sharp).
+
+    python validation/corollary2_rate/run.py --quick    # nside 8, 16
+    python validation/corollary2_rate/run.py            # nside 32, 64, 128
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+from scipy.special import beta as beta_fn
+
+HERE = Path(__file__).resolve().parent
+B = np.diag([-1.0, -1.0, 1.0])
+V = np.diag([-1.0, 1.0, -2.0])
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--part", default="all", choices=["all", "solve", "analyze"])
+    ap.add_argument("--nside", type=int, nargs="+", default=None)
+    ap.add_argument("--t-end", type=float, default=None)
+    ap.add_argument("--save-dt", type=float, default=0.1)
+    ap.add_argument("--p", type=float, nargs="+", default=[0.25, 0.45])
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.nside = a.nside or [8, 16]
+        a.t_end = a.t_end or 2.0
+        a.save_dt = 0.25
+    a.nside = a.nside or [32, 64, 128]
+    a.t_end = a.t_end or 4.0
+    a.out = Path(a.out) if a.out else (HERE / "quick" if a.quick else HERE)
+    return a
+
+
+def vp_exact_uniform(p):
+    """V_p of the uniform measure on S^2 with E = span(e1): int_0^1 (1-u^2)^p u^{-2p} du = B(1/2-p, 1+p)/2."""
+    return 0.5 * beta_fn(0.5 - p, 1.0 + p)
+
+
+def solve_one(a, nside, times):
+    import spherepde as sp
+
+    spec = sp.spectral_data(B, V)
+    grid = sp.HealpixGrid(nside)
+    model = sp.ZeroTemperature(B, V)
+    c0, w0 = time.process_time(), time.perf_counter()
+    res = sp.solve(grid, model, lambda x: np.full(len(x), 1.0 / (4 * np.pi)), a.t_end, save_at=times)
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    atoms, aw = sp.limit_measure(grid.centers, res.density[0] * grid.areas, B, V, spectral=spec)
+    P = spec.P_E
+    vp_avg = {}
+    for p in a.p:
+        def wp(x, p=p):
+            px = x @ P
+            num = np.sum((x - px) ** 2, axis=1) ** p
+            den = np.maximum(np.sum(px ** 2, axis=1), 1e-300) ** p
+            return num / den
+        vp_avg[p] = grid.cell_average(wp)
+    w2, vps, vpc = [], {p: [] for p in a.p}, {p: [] for p in a.p}
+    for f in res.density:
+        m = f * grid.areas
+        w2.append(sp.wasserstein2_two_atoms(grid.centers, m, atoms, aw))
+        for p in a.p:
+            vps[p].append(float(np.dot(m, vp_avg[p])))
+            vpc[p].append(float(sp.lyapunov_vp(grid.centers, m, spec.E, p)))
+    d = res.diagnostics
+    np.savez(HERE_out(a) / f"raw_nside{nside}.npz", times=res.times, w2=np.array(w2), atoms=atoms, atom_weights=aw,
+             p=np.array(a.p), vp=np.array([vps[p] for p in a.p]), vp_centres=np.array([vpc[p] for p in a.p]),
+             cpu=cpu, wall=wall, n_steps=res.n_steps, mass_drift=float(np.max(np.abs(d["mass"] - d["mass"][0]))),
+             min_final=float(d["min"][-1]))
+    print(f"nside {nside}: {res.n_steps} steps, cpu {cpu:.1f} s, wall {wall:.1f} s; W2 {w2[0]:.4f} -> {w2[-1]:.2e}",
+          flush=True)
+
+
+def HERE_out(a):
+    return a.out
+
+
+def fit_rate(t, y, window):
+    t, y = np.asarray(t), np.asarray(y)
+    sel = (t >= window[0] - 1e-12) & (t <= window[1] + 1e-12) & (y > 0)
+    if sel.sum() < 2:
+        return float("nan")
+    return float(-np.polyfit(t[sel], np.log(y[sel]), 1)[0])
+
+
+def floor_time(t, y, t_min, drop=0.5):
+    """End of the clean-decay window: the last save time before the local decay rate (over one save
+    interval) falls below ``drop`` x the rate fitted over [t_min, t_min + 1]."""
+    t, y = np.asarray(t), np.asarray(y)
+    r0 = fit_rate(t, y, (t_min, t_min + 1.0))
+    loc = -np.diff(np.log(y)) / np.diff(t)
+    for i in range(len(loc)):
+        if t[i] >= t_min + 1.0 - 1e-12 and loc[i] < drop * r0:
+            return float(t[i])
+    return float(t[-1])
+
+
+def analyze(a):
+    spec_gamma, sigma = 2.0, 1.0
+    t_min = 0.5 if not a.quick else 0.25
+    out = {"setting": {"B": B.tolist(), "V": V.tolist(), "beta": "inf", "f0": "uniform", "gamma": spec_gamma,
+                       "sigma_max_B": sigma, "p": a.p, "t_end": a.t_end, "fit_start": t_min},
+           "vp0_exact": {str(p): vp_exact_uniform(p) for p in a.p}, "runs": {}}
+    for nside in a.nside:
+        r = np.load(a.out / f"raw_nside{nside}.npz")
+        t, w2 = r["times"], r["w2"]
+        t_floor = floor_time(t, w2, t_min)
+        run = {"cpu_s": float(r["cpu"]), "wall_s": float(r["wall"]), "n_steps": int(r["n_steps"]),
+               "mass_drift": float(r["mass_drift"]), "times": t.tolist(), "w2": w2.tolist(),
+               "w2_window": [t_min, t_floor], "w2_rate": fit_rate(t, w2, (t_min, t_floor)),
+               "w2_floor": float(w2.min()), "atom_weights": r["atom_weights"].tolist(), "vp": {}}
+        for i, p in enumerate(r["p"]):
+            vp = r["vp"][i]
+            tf = floor_time(t, vp, t_min)
+            run["vp"][f"{p:g}"] = {"values": vp.tolist(), "values_centres": r["vp_centres"][i].tolist(),
+                                   "window": [t_min, tf], "rate": fit_rate(t, vp, (t_min, tf)),
+                                   "theory_rate": 2 * p * spec_gamma / sigma, "w2_bound_rate": p * spec_gamma / sigma}
+        out["runs"][str(nside)] = run
+    (a.out / "results.json").write_text(json.dumps(out, indent=1))
+    write_md(a, out)
+    plot(a, out)
+    return out
+
+
+def write_md(a, out):
+    L = ["# Corollary 2 at beta = inf: decay rates (paper matrices, uniform f0)", "",
+         "gamma = 2, sigma_max(B) = 1. Continuum (from the explicit characteristics, see run.py): W2 rate 1, "
+         "V_p rate 4p. Windows: from t = %g to the onset of the grid floor (local rate < half the early rate)." %
+         out["setting"]["fit_start"], "",
+         "| nside | steps | wall s | W2(0) | W2 floor (min) | W2 window | W2 rate | bound rate p*gamma (p=" +
+         ", ".join(f"{p:g}" for p in a.p) + ") |", "|---:|---:|---:|---:|---:|---|---:|---|"]
+    for ns, r in out["runs"].items():
+        L.append(f"| {ns} | {r['n_steps']} | {r['wall_s']:.1f} | {r['w2'][0]:.4f} | {r['w2_floor']:.2e} | "
+                 f"[{r['w2_window'][0]:g}, {r['w2_window'][1]:g}] | {r['w2_rate']:.3f} | "
+                 + ", ".join(f"{p * 2:g}" for p in a.p) + " |")
+    L += ["", "| nside | p | V_p(0) grid | V_p(0) exact | window | V_p rate | theory 2 p gamma / sigma |",
+          "|---:|---:|---:|---:|---|---:|---:|"]
+    for ns, r in out["runs"].items():
+        for p, v in r["vp"].items():
+            L.append(f"| {ns} | {p} | {v['values'][0]:.4f} | {out['vp0_exact'][str(float(p))]:.4f} | "
+                     f"[{v['window'][0]:g}, {v['window'][1]:g}] | {v['rate']:.3f} | {v['theory_rate']:.3f} |")
+    L += ["", "Corollary 2 bound check (W2(rho_t, Pi#rho_0) <= sqrt(2 V_p(rho_0)) exp(-p gamma t)): "
+          "max over t of W2 / bound per nside and p:", ""]
+    for ns, r in out["runs"].items():
+        t = np.array(r["times"])
+        parts = []
+        for p in a.p:
+            bound = np.sqrt(2 * out["vp0_exact"][str(float(p))]) * np.exp(-p * 2.0 * t)
+            parts.append(f"p = {p:g}: {np.max(np.array(r['w2']) / bound):.3f}")
+        L.append(f"- nside {ns}: " + "; ".join(parts))
+    L.append("")
+    (a.out / "results.md").write_text("\n".join(L))
+
+
+def plot(a, out):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ns, r in out["runs"].items():
+        t = np.array(r["times"])
+        ax[0].semilogy(t, r["w2"], label=f"nside {ns} (rate {r['w2_rate']:.2f})")
+        for p, v in r["vp"].items():
+            ax[1].semilogy(t, v["values"], label=f"nside {ns}, p = {p} (rate {v['rate']:.2f})")
+    t = np.array(next(iter(out["runs"].values()))["times"])
+    for p in a.p:
+        ax[0].semilogy(t, np.sqrt(2 * out["vp0_exact"][str(float(p))]) * np.exp(-2 * p * t), "--",
+                       label=f"Cor. 2 bound p = {p:g}")
+        ax[1].semilogy(t, out["vp0_exact"][str(float(p))] * np.exp(-4 * p * t), "k:", lw=1)
+    ax[0].semilogy(t, np.exp(-t), "k:", label="e^{-t}")
+    ax[0].set_xlabel("t"); ax[0].set_ylabel("W2(rho_t, Pi#rho_0)"); ax[0].legend(fontsize=7)
+    ax[1].set_xlabel("t"); ax[1].set_ylabel("V_p(rho_t)  (dotted: V_p(0) e^{-4pt})"); ax[1].legend(fontsize=7)
+    fig.suptitle("beta = inf, paper matrices, uniform f0")
+    fig.tight_layout()
+    fig.savefig(a.out / "corollary2_rate.png", dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    a = parse(argv)
+    os.makedirs(a.out, exist_ok=True)
+    times = np.round(np.arange(0.0, a.t_end + 0.5 * a.save_dt, a.save_dt), 12)
+    if a.part in ("all", "solve"):
+        for ns in a.nside:
+            solve_one(a, ns, times)
+    if a.part in ("all", "analyze"):
+        return analyze(a)
+    return None
+
+
+if __name__ == "__main__":
+    main()
