@@ -222,3 +222,23 @@ def test_source_blocks_are_compact_and_a_partition():
         assert np.all(pts @ sb.bc[:, k] >= sb.bcr[k])
     # 48 pixels of ~0.064 rad: a disc of equal area has radius 0.25, a square patch ~0.33; strips >~ 1
     assert np.arccos(sb.bcr).max() < 0.45
+
+
+def test_spectral_tail_and_fast_path_used():
+    from scipy.special import spherical_in
+
+    from spherepde.kernels.attention import sph_tail
+
+    # the truncation tail sum_{l > L} (2l+1) e^-k i_l(k) against scipy (relative 1e-10: scipy's i_l is
+    # accurate to ~1e-14 relative; the tail is a sum of positive terms, no cancellation)
+    for k, L in ((0.5, 5), (10.0, 20), (40.0, 60)):
+        ref = sum((2 * l + 1) * np.exp(-k) * spherical_in(l, k) for l in range(L + 1, L + 200))
+        assert abs(sph_tail(k, L, max(30, int(k) + 30)) - ref) <= 1e-10 * ref
+    # smooth density, moderate beta: no target may need the fallback (else the path is pointless)
+    y = pix(16)
+    w = density("smooth", y, None) * 4 * np.pi / len(y)
+    model = Attention(np.diag([1.0, 0.7, 0.4]), np.eye(3), 8.0, method="spectral")
+    m = model.mean_field(y, y, w)
+    assert model._cache["spectral_flagged"] == 0
+    ref = Attention(np.diag([1.0, 0.7, 0.4]), np.eye(3), 8.0, method="direct").mean_field(y, y, w)
+    assert np.abs(m - ref).max() <= 1e-12
