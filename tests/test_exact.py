@@ -69,3 +69,36 @@ def test_pde_residual():
     res = dfdt + grad_v + ft(x, t) * GENERAL.divergence(x)
     # central differences with step 1e-4: error ~1e-8 relative to f ~ 0.1
     assert np.abs(res).max() < 1e-6
+
+
+def test_rhs_kernel_against_numpy_twin():
+    """The Numba right-hand side (-v_inf, div_S v_inf) against the NumPy model methods."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(30, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    m = GENERAL
+    out = np.empty(4)
+    BBt = m.B @ m.B.T
+    for xi, v, dv in zip(x, m.velocity(x), m.divergence(x)):
+        exact._rhs(xi.copy(), m.B, m.A, BBt, np.trace(m.A), 3, out)
+        assert np.allclose(out[:3], -v, rtol=1e-13, atol=1e-15)
+        assert np.isclose(out[3], dv, rtol=1e-12, atol=1e-14)
+    # and one step of the integrator against a NumPy implementation of the same Butcher tableau
+    h = 0.05
+    Y, L = exact.characteristics_backward(m, x, h, n_steps=1)
+
+    def f(y):  # the kernel's formulas off the sphere (stage points): P_y uses |y|^2, s = |B^T y|
+        s_ = np.linalg.norm(y @ m.B, axis=1)
+        ay = y @ m.A.T
+        yay = np.einsum("ij,ij->i", y, ay)
+        p_ = ay - (yay / np.einsum("ij,ij->i", y, y))[:, None] * y
+        div = (np.trace(m.A) - 3 * yay) / s_ - np.einsum("ij,ij->i", y @ BBt.T, p_) / s_**3
+        return np.concatenate([-p_ / s_[:, None], div[:, None]], axis=1)
+
+    K = []
+    for s in range(7):
+        y = x + h * sum(exact._A[s, r] * K[r][:, :3] for r in range(s)) if s else x
+        K.append(f(y))
+    z = np.concatenate([x, np.zeros((len(x), 1))], axis=1) + h * sum(b * k for b, k in zip(exact._B, K))
+    assert np.allclose(Y, z[:, :3] / np.linalg.norm(z[:, :3], axis=1, keepdims=True), rtol=0, atol=1e-14)
+    assert np.allclose(L, z[:, 3], rtol=0, atol=1e-14)
