@@ -1,0 +1,181 @@
+"""Figure 3 of the paper at density level: beta = 100, B = diag(-1,-1,1), V = diag(-1,1,-2), uniform f0.
+
+Density maps (orthographic from +e1, +e2, +e3 and Mollweide) at t = 0, 2, 5, 10, 15, 20 with a 200-token
+particle run (Algorithm 1, dt = 0.01, same beta) overlaid, an animation (GIF), and the E/F alignment of
+both. A second density run from a slightly perturbed f0 (5 %, breaks the reflection symmetries of the
+uniform density) is recorded alongside (alignment only).
+
+Usage: ``python validation/fig3_density/run.py [--quick] [--nside N]``. Writes results.md, results.json,
+maps.png, alignment.png, animation.gif (quick mode: *_quick.*) and density_n<N>.npz (raw densities, float32).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from spherepde import Attention, sample_uniform, simulate_particles  # noqa: E402
+from validation.fig3_density.common import (PAPER_B, PAPER_V, grid_measures, machine, measures,  # noqa: E402
+                                            run_density, sphere_lonlat, transition_time)
+
+BETA = 100.0
+MAP_TIMES = (0.0, 2.0, 5.0, 10.0, 15.0, 20.0)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--nside", type=int, default=None)
+    ap.add_argument("--no-perturbed", action="store_true")
+    a = ap.parse_args(argv)
+    nside = a.nside or (6 if a.quick else 32)
+    t_end = 2.0 if a.quick else 20.0
+    dt_save = 0.5 if a.quick else 0.25
+    save = np.round(np.arange(0.0, t_end + 1e-9, dt_save), 10)
+    map_times = (0.0, 1.0, 2.0) if a.quick else MAP_TIMES
+    sfx = "_quick" if a.quick else ""
+    t_all = time.perf_counter()
+
+    g, r, wall = run_density(nside, PAPER_B, PAPER_V, BETA, t_end, save)
+    m = grid_measures(g, r.density, PAPER_B, PAPER_V)
+    print(f"density nside {nside}: {r.n_steps} steps, {wall:.1f} s", flush=True)
+    pert = None
+    if not a.no_perturbed:
+        gp, rp, wallp = run_density(nside, PAPER_B, PAPER_V, BETA, t_end, save, f0="perturbed")
+        mp = grid_measures(gp, rp.density, PAPER_B, PAPER_V)
+        pert = {"wall_s": wallp, "steps": rp.n_steps, **{k: v.tolist() for k, v in mp.items()},
+                "t_transition": transition_time(save, mp["align_E"], mp["align_F"])}
+        print(f"perturbed: {wallp:.1f} s", flush=True)
+
+    x0 = sample_uniform(200, 3, rng=np.random.default_rng(0))
+    t0 = time.perf_counter()
+    pr = simulate_particles(Attention(PAPER_B, PAPER_V, BETA), x0, t_end, 0.01, save_at=save)
+    wall_p = time.perf_counter() - t0
+    w = np.full(200, 1 / 200)
+    mpart = measures(x0, [w], PAPER_B, PAPER_V)  # Pi#rho_0^n of the particles
+    mpart = {k: [] for k in mpart}
+    for X in pr.positions:
+        mm = measures(np.vstack([x0, X]), [np.r_[w, 0 * w], np.r_[0 * w, w]], PAPER_B, PAPER_V)
+        for k in mm:
+            mpart[k].append(float(mm[k][1]))
+
+    res = {
+        "study": "fig3_density", "beta": BETA, "B": PAPER_B.tolist(), "V": PAPER_V.tolist(), "nside": nside,
+        "cells": g.n_cells, "t_end": t_end, "options": {"cfl": 0.8, "field_interval": 10, "scheme": "linear",
+                                                        "stepper": "ssprk2"},
+        "times": save.tolist(), "steps": r.n_steps, "wall_density_s": wall, "wall_particles_s": wall_p,
+        "mass_drift": float(abs(r.diagnostics["mass"][-1] / r.diagnostics["mass"][0] - 1)),
+        "min_density": float(r.diagnostics["min"].min()),
+        "density": {**{k: v.tolist() for k, v in m.items()}, "max_f": r.density.max(axis=1).tolist(),
+                    "t_transition": transition_time(save, m["align_E"], m["align_F"])},
+        "perturbed": pert,
+        "particles": {**mpart, "n": 200, "dt": 0.01, "seed": 0,
+                      "t_transition": transition_time(save, mpart["align_E"], mpart["align_F"])},
+        "machine": machine(),
+    }
+    np.savez_compressed(HERE / f"density_n{nside}{sfx}.npz", times=save, density=r.density.astype(np.float32),
+                        particles=pr.positions.astype(np.float32), nside=nside)
+    figures(g, r, pr, res, map_times, sfx)
+    res["wall_total_s"] = time.perf_counter() - t_all
+    (HERE / f"results{sfx}.json").write_text(json.dumps(res, indent=1))
+    write_md(res, sfx, map_times)
+    print(f"total {res['wall_total_s']:.1f} s", flush=True)
+    return res
+
+
+def figures(g, r, pr, res, map_times, sfx):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.animation import FuncAnimation, PillowWriter
+
+    from spherepde.plotting import plot_mollweide, plot_orthographic
+
+    times = np.asarray(res["times"])
+    idx = [int(np.argmin(abs(times - t))) for t in map_times]
+    views = [((1, 0, 0), "+e1"), ((0, 1, 0), "+e2"), ((0, 0, 1), "+e3")]
+    fig = plt.figure(figsize=(15, 3.1 * len(idx)))
+    for row, i in enumerate(idx):
+        f, X = r.density[i], pr.positions[i]
+        for col, (v, name) in enumerate(views):
+            ax = fig.add_subplot(len(idx), 4, 4 * row + col + 1)
+            plot_orthographic(g, f, ax=ax, view=v, particles=X, title=f"t = {times[i]:g}, from {name}",
+                              npix=160, colorbar=False)
+        ax = fig.add_subplot(len(idx), 4, 4 * row + 4, projection="mollweide")
+        plot_mollweide(g, f, ax=ax, title=f"t = {times[i]:g} (Mollweide)", colorbar=True)
+        lon, lat = sphere_lonlat(X)
+        ax.plot(lon, lat, "r.", ms=2)
+    fig.suptitle(f"beta = {res['beta']:g}, HEALPix nside {res['nside']}: density (colour) and 200 tokens (red)")
+    fig.tight_layout()
+    fig.savefig(HERE / f"maps{sfx}.png", dpi=70)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    d, p = res["density"], res["particles"]
+    ax.plot(times, d["align_E"], "b-", label="density: align E (e1)")
+    ax.plot(times, d["align_F"], "r-", label="density: align F (e2)")
+    if res["perturbed"]:
+        ax.plot(times, res["perturbed"]["align_E"], "b-.", label="perturbed f0: align E")
+        ax.plot(times, res["perturbed"]["align_F"], "r-.", label="perturbed f0: align F")
+    ax.plot(times, p["align_E"], "b:", label="200 tokens: align E")
+    ax.plot(times, p["align_F"], "r:", label="200 tokens: align F")
+    ax.set_xlabel("t")
+    ax.set_ylabel("int |P x|^2 drho_t")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(HERE / f"alignment{sfx}.png", dpi=90)
+    plt.close(fig)
+
+    # animation: Mollweide map with the tokens
+    fig = plt.figure(figsize=(6, 3.4))
+    ax = fig.add_subplot(111, projection="mollweide")
+    frames = list(range(0, len(times), max(1, len(times) // 60)))
+
+    def update(k):
+        ax.clear()
+        plot_mollweide(g, r.density[k], ax=ax, title=f"beta = {res['beta']:g}, t = {times[k]:.2f}", colorbar=False)
+        lon, lat = sphere_lonlat(pr.positions[k])
+        ax.plot(lon, lat, "r.", ms=2)
+        return ()
+
+    FuncAnimation(fig, update, frames=frames).save(HERE / f"animation{sfx}.gif", writer=PillowWriter(fps=6), dpi=60)
+    plt.close(fig)
+
+
+def write_md(res, sfx, map_times):
+    d, p, q = res["density"], res["particles"], res["perturbed"]
+    times = np.asarray(res["times"])
+    L = [f"# Figure 3 at density level (beta = {res['beta']:g}, nside {res['nside']}, {res['cells']} cells)", "",
+         f"Paper matrices B = diag(-1,-1,1), V = diag(-1,1,-2) (E = span e1, F = span e2, F_abs = span e3); "
+         f"uniform f0; {res['steps']} steps (cfl 0.8, ssprk2, field recomputed every 10 steps); density run "
+         f"{res['wall_density_s']:.0f} s, 200-token run {res['wall_particles_s']:.1f} s; mass drift "
+         f"{res['mass_drift']:.1e}, min f {res['min_density']:.2e}. Machine: {res['machine']}.", "",
+         "![maps](maps%s.png)" % sfx, "", "![alignment](alignment%s.png)" % sfx, "",
+         "Animation: `animation%s.gif`." % sfx, "",
+         "| t | density align E | density align F | max f | W2 to Pi#rho_0 | perturbed align E | perturbed align F "
+         "| tokens align E | tokens align F |", "|---|---|---|---|---|---|---|---|---|"]
+    for t in sorted(set(list(map_times) + [1.0, 3.0, 7.5, 12.5, 17.5])):
+        if t > times[-1] + 1e-9:
+            continue
+        i = int(np.argmin(abs(times - t)))
+        qe = f"{q['align_E'][i]:.3f}" if q else "-"
+        qf = f"{q['align_F'][i]:.3f}" if q else "-"
+        L.append(f"| {times[i]:g} | {d['align_E'][i]:.3f} | {d['align_F'][i]:.3f} | {d['max_f'][i]:.3g} | "
+                 f"{d['W2'][i]:.4f} | {qe} | {qf} | {p['align_E'][i]:.3f} | {p['align_F'][i]:.3f} |")
+    L += ["", "E-to-F transition time (first t > 0 where align F exceeds align E after E led): "
+          f"uniform density {d['t_transition']:.2f}, perturbed density "
+          f"{(q['t_transition'] if q else float('nan')):.2f}, 200 tokens {p['t_transition']:.2f} (nan = none by t = "
+          f"{res['t_end']:g}).", ""]
+    (HERE / f"results{sfx}.md").write_text("\n".join(L) + "\n")
+
+
+if __name__ == "__main__":
+    main()

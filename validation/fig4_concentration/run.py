@@ -1,0 +1,324 @@
+"""Figure 4 of the paper at density level: W2(rho_t, Pi#rho_0) and the alignment with E and F against t
+for beta in {30, 100, 300, 1000, inf}, at two HEALPix resolutions, from the uniform f0 and from a 5 %
+perturbed f0, with 200-token particle runs (5 seeds) for comparison.
+
+Derived numbers:
+- t_EF: the E-to-F transition time, the first t > 0 at which int |P_F x|^2 drho_t exceeds
+  int |P_E x|^2 drho_t after the E-alignment has led (linear interpolation between saved times, dt 0.25).
+- t_exit: the end of the E-phase, the first t at which the E-alignment falls back below 0.9 after
+  having exceeded it (defined whether or not F is reached by T = 20).
+- slopes of t_EF and t_exit against log(beta) (least squares over the finite betas where defined).
+- min_t W2(rho_t, Pi#rho_0) against beta, next to Theorem 1's scale sqrt(log(beta+1)/beta).
+
+Usage: ``python validation/fig4_concentration/run.py [--quick] [--nside N ...] [--report-only]``.
+Each density run is cached in runs/ (json) so the full study can be run in pieces and resumed.
+Writes results.md, results.json, curves.png, transition.png, minw2.png (quick: *_quick.*).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from spherepde import Attention, sample_uniform, simulate_particles  # noqa: E402
+from validation.fig3_density.common import (PAPER_B, PAPER_V, grid_measures, machine, measures,  # noqa: E402
+                                            run_density, transition_time)
+
+BETAS = (30.0, 100.0, 300.0, 1000.0, np.inf)
+T_END = 20.0
+DT_SAVE = 0.25
+NSIDES = (16, 32)
+SEEDS = (0, 1, 2, 3, 4)
+
+
+def bkey(beta):
+    return "inf" if beta == np.inf else f"{beta:g}"
+
+
+def exit_time(t, aE, level=0.9):
+    t, aE = np.asarray(t), np.asarray(aE)
+    above = np.nonzero(aE > level)[0]
+    if len(above) == 0:
+        return float("nan")
+    for i in range(above[0] + 1, len(t)):
+        if aE[i] < level:
+            return float(t[i - 1] + (t[i] - t[i - 1]) * (aE[i - 1] - level) / (aE[i - 1] - aE[i]))
+    return float("nan")
+
+
+def plan(quick, nsides):
+    """(nside, f0, beta) runs of the study."""
+    if quick:
+        return [(6, "uniform", 100.0), (6, "uniform", np.inf)]
+    runs = []
+    for n in nsides:
+        runs += [(n, "perturbed", b) for b in BETAS[::-1]]
+        runs += [(n, "uniform", b) for b in BETAS[::-1] if n == min(NSIDES) or b in (100.0, np.inf)]
+    return runs
+
+
+def density_run(nside, f0, beta, t_end, cache_dir):
+    key = f"n{nside}_{f0}_b{bkey(beta)}_T{t_end:g}"
+    path = cache_dir / f"{key}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    save = np.round(np.arange(0.0, t_end + 1e-9, DT_SAVE), 10)
+    fig3 = HERE.parent / "fig3_density" / f"density_n{nside}.npz"
+    rec = None
+    if f0 == "uniform" and beta == 100.0 and t_end == T_END and fig3.exists():
+        z = np.load(fig3)  # same settings (cfl 0.8, field_interval 10): reuse fig3's run
+        if np.allclose(z["times"], save):
+            from spherepde import HealpixGrid
+
+            g = HealpixGrid(nside)
+            m = grid_measures(g, z["density"].astype(float), PAPER_B, PAPER_V)
+            fig3r = json.loads((fig3.parent / "results.json").read_text())
+            rec = {"wall_s": fig3r["wall_density_s"], "steps": fig3r["steps"], "reused": "fig3_density",
+                   "max_f": z["density"].max(axis=1).astype(float).tolist()}
+    if rec is None:
+        g, r, wall = run_density(nside, PAPER_B, PAPER_V, beta, t_end, save, f0=f0)
+        m = grid_measures(g, r.density, PAPER_B, PAPER_V)
+        rec = {"wall_s": wall, "steps": r.n_steps, "max_f": r.density.max(axis=1).tolist(),
+               "mass_drift": float(abs(r.diagnostics["mass"][-1] / r.diagnostics["mass"][0] - 1)),
+               "min_density": float(r.diagnostics["min"].min())}
+    rec.update({"nside": nside, "f0": f0, "beta": bkey(beta), "times": save.tolist(),
+                **{k: v.tolist() for k, v in m.items()}})
+    rec["t_EF"] = transition_time(save, m["align_E"], m["align_F"])
+    rec["t_exit"] = exit_time(save, m["align_E"])
+    rec["min_W2"] = float(np.min(m["W2"]))
+    rec["argmin_W2"] = float(save[int(np.argmin(m["W2"]))])
+    cache_dir.mkdir(exist_ok=True)
+    path.write_text(json.dumps(rec))
+    print(f"{key}: {rec['wall_s']:.1f} s, t_EF {rec['t_EF']:.2f}, t_exit {rec['t_exit']:.2f}, "
+          f"min W2 {rec['min_W2']:.4f}", flush=True)
+    return rec
+
+
+def particle_runs(betas, seeds, t_end):
+    save = np.round(np.arange(0.0, t_end + 1e-9, DT_SAVE), 10)
+    out = {}
+    for b in betas:
+        if b == np.inf:
+            continue
+        rows = []
+        for s in seeds:
+            x0 = sample_uniform(200, 3, rng=np.random.default_rng(s))
+            pr = simulate_particles(Attention(PAPER_B, PAPER_V, b), x0, t_end, 0.01, save_at=save)
+            w = np.full(200, 1 / 200)
+            aE, aF, W2 = [], [], []
+            for X in pr.positions:
+                mm = measures(np.vstack([x0, X]), [np.r_[w, 0 * w], np.r_[0 * w, w]], PAPER_B, PAPER_V)
+                aE.append(float(mm["align_E"][1]))
+                aF.append(float(mm["align_F"][1]))
+                W2.append(float(mm["W2"][1]))
+            rows.append({"seed": s, "align_E": aE, "align_F": aF, "W2": W2,
+                         "t_EF": transition_time(save, aE, aF), "t_exit": exit_time(save, aE),
+                         "min_W2": float(min(W2))})
+        out[bkey(b)] = rows
+    return out
+
+
+def fit_slope(betas, ts):
+    b = np.array([x for x, t in zip(betas, ts) if np.isfinite(t) and x != np.inf])
+    t = np.array([t for x, t in zip(betas, ts) if np.isfinite(t) and x != np.inf])
+    if len(b) < 2:
+        return float("nan"), float("nan")
+    s, c = np.polyfit(np.log(b), t, 1)
+    return float(s), float(c)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--nside", type=int, nargs="*", default=None, help="only these resolutions")
+    ap.add_argument("--report-only", action="store_true", help="only assemble what runs/ holds")
+    a = ap.parse_args(argv)
+    t_all = time.perf_counter()
+    sfx = "_quick" if a.quick else ""
+    t_end = 3.0 if a.quick else T_END
+    cache = HERE / ("runs_quick" if a.quick else "runs")
+    runs = plan(a.quick, a.nside or NSIDES)
+    recs = []
+    for n, f0, b in runs:
+        key = cache / f"n{n}_{f0}_b{bkey(b)}_T{t_end:g}.json"
+        if a.report_only and not key.exists():
+            continue
+        recs.append(density_run(n, f0, b, t_end, cache))
+    if a.nside and not a.quick:
+        return  # a piece of the full study; assemble with --report-only
+    if a.report_only and not a.quick:  # include every cached run
+        recs = [json.loads(p.read_text()) for p in sorted(cache.glob("*.json"))]
+    tp = time.perf_counter()
+    parts = particle_runs((100.0,) if a.quick else BETAS, SEEDS[:1] if a.quick else SEEDS, t_end)
+    wall_p = time.perf_counter() - tp
+    res = analyse(recs, parts, t_end)
+    res.update({"study": "fig4_concentration", "t_end": t_end, "machine": machine(), "wall_particles_s": wall_p,
+                "options": {"cfl": 0.8, "field_interval": 10, "scheme": "linear", "stepper": "ssprk2"},
+                "wall_total_s": time.perf_counter() - t_all,
+                "wall_density_runs_s": float(sum(r["wall_s"] for r in recs if "reused" not in r))})
+    (HERE / f"results{sfx}.json").write_text(json.dumps({**res, "runs": recs, "particles": parts}))
+    write_md(res, recs, sfx)
+    figures(recs, parts, res, sfx)
+    return res
+
+
+def analyse(recs, parts, t_end):
+    res = {"table": [], "slopes": {}}
+    for r in recs:
+        b = np.inf if r["beta"] == "inf" else float(r["beta"])
+        res["table"].append({"nside": r["nside"], "f0": r["f0"], "beta": r["beta"], "t_EF": r["t_EF"],
+                             "t_exit": r["t_exit"], "min_W2": r["min_W2"], "argmin_W2": r["argmin_W2"],
+                             "theorem_scale": float(np.sqrt(np.log(b + 1) / b)) if b != np.inf else 0.0,
+                             "final_align_E": r["align_E"][-1], "final_align_F": r["align_F"][-1],
+                             "final_align_Fabs": r["align_Fabs"][-1], "wall_s": r["wall_s"]})
+    groups = sorted({(r["nside"], r["f0"]) for r in recs})
+    for n, f0 in groups:
+        sel = [r for r in recs if r["nside"] == n and r["f0"] == f0 and r["beta"] != "inf"]
+        bs = [float(r["beta"]) for r in sel]
+        for q in ("t_EF", "t_exit"):
+            s, c = fit_slope(bs, [r[q] for r in sel])
+            res["slopes"][f"density n{n} {f0} {q}"] = {"slope": s, "intercept": c,
+                                                        "n_points": int(sum(np.isfinite([r[q] for r in sel])))}
+    pb, pt, pe = [], [], []
+    res["particles_summary"] = []
+    for k, rows in parts.items():
+        tEF = np.array([r["t_EF"] for r in rows])
+        tex = np.array([r["t_exit"] for r in rows])
+        mw = np.array([r["min_W2"] for r in rows])
+        res["particles_summary"].append({"beta": k, "t_EF_mean": float(np.nanmean(tEF)) if np.isfinite(tEF).any() else float("nan"),
+                                         "t_EF_std": float(np.nanstd(tEF)) if np.isfinite(tEF).any() else float("nan"),
+                                         "t_exit_mean": float(np.nanmean(tex)) if np.isfinite(tex).any() else float("nan"),
+                                         "min_W2_mean": float(mw.mean()), "n_seeds": len(rows)})
+        for r in rows:
+            pb.append(float(k))
+            pt.append(r["t_EF"])
+            pe.append(r["t_exit"])
+    for q, v in (("t_EF", pt), ("t_exit", pe)):
+        s, c = fit_slope(pb, v)
+        res["slopes"][f"particles {q}"] = {"slope": s, "intercept": c, "n_points": int(np.isfinite(v).sum())}
+    return res
+
+
+def f3(x):
+    return "none" if x is None or not np.isfinite(x) else f"{x:.2f}"
+
+
+def write_md(res, recs, sfx):
+    L = ["# Figure 4 at density level: W2 to Pi#rho_0, alignment with E and F, beta in {30, 100, 300, 1000, inf}", "",
+         f"T = {res['t_end']:g}; HEALPix, cfl 0.8, ssprk2, field recomputed every 10 steps; machine: {res['machine']}; "
+         f"density runs {res['wall_density_runs_s']:.0f} s in all, particle runs {res['wall_particles_s']:.0f} s.", "",
+         "t_EF: first t with int|P_F x|^2 > int|P_E x|^2 after E led; t_exit: first t with int|P_E x|^2 < 0.9 after "
+         "it exceeded 0.9; 'none' = not by T.", "",
+         "![curves](curves%s.png)" % sfx, "", "![transition](transition%s.png)" % sfx, "", "![minW2](minw2%s.png)" % sfx, "",
+         "## Density runs", "",
+         "| nside | f0 | beta | t_EF | t_exit | min_t W2 (at t) | sqrt(log(beta+1)/beta) | final align E / F / F_abs | wall s |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(res["table"], key=lambda r: (r["f0"], r["nside"], float(r["beta"]))):
+        L.append(f"| {r['nside']} | {r['f0']} | {r['beta']} | {f3(r['t_EF'])} | {f3(r['t_exit'])} | "
+                 f"{r['min_W2']:.4f} ({r['argmin_W2']:g}) | {r['theorem_scale']:.4f} | {r['final_align_E']:.3f} / "
+                 f"{r['final_align_F']:.3f} / {r['final_align_Fabs']:.3f} | {r['wall_s']:.0f} |")
+    L += ["", "## 200-token particle runs (Algorithm 1, dt = 0.01, seeds 0-4)", "",
+          "| beta | t_EF mean +- std | t_exit mean | min_t W2 mean |", "|---|---|---|---|"]
+    for p in res["particles_summary"]:
+        L.append(f"| {p['beta']} | {f3(p['t_EF_mean'])} +- {f3(p['t_EF_std'])} | {f3(p['t_exit_mean'])} | {p['min_W2_mean']:.4f} |")
+    L += ["", "## Fitted slopes against log(beta) (least squares over finite betas where defined)", "",
+          "| series | slope | intercept | points |", "|---|---|---|---|"]
+    for k, v in res["slopes"].items():
+        L.append(f"| {k} | {f3(v['slope'])} | {f3(v['intercept'])} | {v['n_points']} |")
+    (HERE / f"results{sfx}.md").write_text("\n".join(L) + "\n")
+
+
+def figures(recs, parts, res, sfx):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["nside"], r["f0"]) for r in recs})
+    colors = {"30": "C0", "100": "C1", "300": "C2", "1000": "C3", "inf": "k"}
+    fig, axes = plt.subplots(len(groups) + 1, 3, figsize=(14, 3.2 * (len(groups) + 1)), squeeze=False)
+    for row, (n, f0) in enumerate(groups):
+        for r in recs:
+            if (r["nside"], r["f0"]) != (n, f0):
+                continue
+            c = colors.get(r["beta"], None)
+            axes[row, 0].semilogy(r["times"], r["W2"], color=c, label=f"beta {r['beta']}")
+            axes[row, 1].plot(r["times"], r["align_E"], color=c)
+            axes[row, 2].plot(r["times"], r["align_F"], color=c)
+            axes[row, 2].plot(r["times"], r["align_Fabs"], color=c, ls=":")
+        axes[row, 0].set_title(f"density nside {n}, {f0} f0: W2(rho_t, Pi#rho_0)", fontsize=9)
+        axes[row, 1].set_title("align E = int |P_E x|^2", fontsize=9)
+        axes[row, 2].set_title("align F (solid), F_abs (dotted)", fontsize=9)
+        axes[row, 0].legend(fontsize=7)
+    row = len(groups)
+    for k, rows in parts.items():
+        r = rows[0]
+        t = np.round(np.arange(len(r["W2"])) * DT_SAVE, 10)
+        axes[row, 0].semilogy(t, r["W2"], color=colors.get(k), label=f"beta {k}")
+        axes[row, 1].plot(t, r["align_E"], color=colors.get(k))
+        axes[row, 2].plot(t, r["align_F"], color=colors.get(k))
+    axes[row, 0].set_title("200 tokens (seed 0): W2(rho_t^n, Pi#rho_0^n)", fontsize=9)
+    axes[row, 0].legend(fontsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("t")
+    fig.tight_layout()
+    fig.savefig(HERE / f"curves{sfx}.png", dpi=70)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    mk = {"t_EF": "o", "t_exit": "s"}
+    for (n, f0) in groups:
+        sel = [r for r in recs if r["nside"] == n and r["f0"] == f0 and r["beta"] != "inf"]
+        for q in ("t_EF", "t_exit"):
+            x = [np.log(float(r["beta"])) for r in sel]
+            y = [r[q] for r in sel]
+            if np.isfinite(y).any():
+                ax.plot(x, y, mk[q] + "--", label=f"density n{n} {f0}: {q}")
+    for q in ("t_EF", "t_exit"):
+        x, y = [], []
+        for k, rows in parts.items():
+            for r in rows:
+                x.append(np.log(float(k)))
+                y.append(r[q])
+        ax.plot(x, y, mk[q], mfc="none", color="gray", label=f"200 tokens: {q}")
+        s = res["slopes"][f"particles {q}"]
+        if np.isfinite(s["slope"]):
+            xx = np.linspace(min(x), max(x), 2)
+            ax.plot(xx, s["intercept"] + s["slope"] * xx, "k-", lw=0.8,
+                    label=f"tokens {q} fit: slope {s['slope']:.2f}")
+    ax.set_xlabel("log beta")
+    ax.set_ylabel("time")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(HERE / f"transition{sfx}.png", dpi=90)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (n, f0) in groups:
+        sel = [r for r in recs if r["nside"] == n and r["f0"] == f0 and r["beta"] != "inf"]
+        ax.loglog([float(r["beta"]) for r in sel], [r["min_W2"] for r in sel], "o-", label=f"density n{n} {f0}")
+        inf = [r for r in recs if r["nside"] == n and r["f0"] == f0 and r["beta"] == "inf"]
+        if inf:
+            ax.axhline(inf[0]["min_W2"], ls=":", lw=0.8, label=f"beta = inf, n{n} {f0} (grid floor)")
+    bb = np.array([30, 100, 300, 1000.0])
+    ps = [p for p in res["particles_summary"]]
+    if ps:
+        ax.loglog([float(p["beta"]) for p in ps], [p["min_W2_mean"] for p in ps], "k^", label="200 tokens (mean)")
+    ax.loglog(bb, np.sqrt(np.log(bb + 1) / bb), "k--", label="sqrt(log(beta+1)/beta)")
+    ax.set_xlabel("beta")
+    ax.set_ylabel("min_t W2(rho_t, Pi#rho_0)")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(HERE / f"minw2{sfx}.png", dpi=90)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
