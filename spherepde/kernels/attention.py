@@ -553,7 +553,7 @@ def sph_tail(kap, L, ext):
 
 
 @nb.njit(parallel=True, fastmath=_FM, cache=True)
-def sph_eval(U, kappa, C, R, L, offset, ra, rb, pmm, ext, out, absum, tail):
+def sph_eval(U, kappa, C, R, Lc, offset, ra, rb, pmm, out, absum, tail):
     """Funk-Hecke evaluation of the four maps at the targets.
 
     Parameters
@@ -566,10 +566,10 @@ def sph_eval(U, kappa, C, R, L, offset, ra, rb, pmm, ext, out, absum, tail):
         Moments from :func:`sph_coeffs`.
     R : (nlm,) float64
         max_q |A^q_lm + i B^q_lm|, for the a-posteriori absolute sum.
-    L : int
-    offset, ra, rb, pmm : recurrence tables.
-    ext : int
-        Extra terms of the backward recurrence beyond L (>= kappa-dependent start, see the model).
+    Lc : (ceil(M / 128),) int64
+        Degree used for each chunk of 128 consecutive targets (<= the degree of C); targets sorted
+        by kappa let small-kappa chunks stop early.
+    offset, ra, rb, pmm : recurrence tables (of the degree of C).
     out : (M, 4) float64
         Receives exp(-kappa) sum_j W^q_j exp(kappa <u, y_j>), q = 0..3 (denominator, numerators).
     absum : (M,) float64
@@ -583,6 +583,7 @@ def sph_eval(U, kappa, C, R, L, offset, ra, rb, pmm, ext, out, absum, tail):
     for c in nb.prange(nch):
         i0 = c * _CH
         n = min(M, i0 + _CH) - i0
+        L = Lc[c]
         cl = np.empty((L + 1, _CH))
         il = np.empty(L + 1)
         cr = np.empty(_CH)
@@ -594,7 +595,7 @@ def sph_eval(U, kappa, C, R, L, offset, ra, rb, pmm, ext, out, absum, tail):
         F = np.zeros((5, _CH))
         for tt in range(n):
             t = i0 + tt
-            tail[t] = _ibessel_scaled(kappa[t], L, il, ext)
+            tail[t] = _ibessel_scaled(kappa[t], L, il, max(30, int(kappa[t]) + 30))
             for l in range(L + 1):
                 cl[l, tt] = fourpi * il[l]
             cr[tt] = 1.0

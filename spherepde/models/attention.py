@@ -355,10 +355,26 @@ class Attention(Model):
         nthreads = numba.get_num_threads()
         C = _k.sph_coeffs(np.ascontiguousarray(y.T), wl, L, off, ra, rb, pmm, nthreads)
         R = np.sqrt(C[0::2] ** 2 + C[1::2] ** 2).max(axis=0)
+        # targets sorted by kappa, each chunk of 128 summed to the degree its largest kappa needs
+        order = np.argsort(kappa, kind="stable")
+        Us, ks = np.ascontiguousarray(U[order]), np.ascontiguousarray(kappa[order])
+        ch = _k._CH
+        kc = ks[np.minimum(np.arange(ch - 1, M + ch - 1, ch), M - 1)]
+        lo = max(float(kc.min()), 1e-3)
+        grid = np.unique(np.concatenate([np.geomspace(lo, kmax, 24), [kmax]])) if kmax > lo else np.array([kmax])
+        degs = np.array([self.spectral_degree(float(g))[0] for g in grid])
+        Lc = np.minimum(degs[np.minimum(np.searchsorted(grid, kc), len(grid) - 1)], L).astype(np.int64)
+        Lc[kc == 0.0] = 0
+        Fs = np.empty((M, 4))
+        abs_s = np.empty(M)
+        tail_s = np.empty(M)
+        _k.sph_eval(Us, ks, C, R, Lc, off, ra, rb, pmm, Fs, abs_s, tail_s)
         F = np.empty((M, 4))
         absum = np.empty(M)
         tail = np.empty(M)
-        _k.sph_eval(U, kappa, C, R, L, off, ra, rb, pmm, ext, F, absum, tail)
+        F[order] = Fs
+        absum[order] = abs_s
+        tail[order] = tail_s
         if heavy.any():
             Fh = np.empty((M, 4))
             _k.direct3_sums(U, kappa, np.ascontiguousarray(y[heavy].T), np.ascontiguousarray(w[heavy]), Fh)
