@@ -245,8 +245,7 @@ class Attention(Model):
         return frac < 0.5
 
     def _choose(self, kappa, N, M):
-        if self.method != "auto":
-            return self.method
+        """The method "auto" uses for these targets (kappa) and N sources."""
         if N * M <= 4e6:
             return "direct"
         if self._prefer_pruned(kappa, N):
@@ -294,12 +293,12 @@ class Attention(Model):
         out = np.empty((M, d))
         if M == 0:
             return out
-        meth = method if method is not None else self._choose(kappa, N, M)
-        self._cache["method"] = meth
+        meth = self.method if method is None else method
         if meth not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {meth!r}")
         if meth == "auto":
-            meth = self._choose(kappa, N, M) if self.method == "auto" else self.method
+            meth = self._choose(kappa, N, M)
+        self._cache["method"] = meth
         with np.errstate(divide="ignore"):
             if meth == "direct":
                 S = np.ascontiguousarray(y.T)
