@@ -156,3 +156,22 @@ def test_positivity_of_one_limited_euler_stage(setup):
     fv.face_flux(f, grad, g.owner, g.neighbour, mom, flux)
     fv.cell_update(f, f, flux, g.cell_faces, g.cell_face_sign, g.areas, dt, 0.0, out)
     assert out.min() < 0.0
+
+
+def test_local_bounds_scale(setup):
+    g, a, f = setup
+    grad = RNG.normal(size=(g.n_cells, 3)) * 0.3
+    off = g.face_points[g.cell_faces] - g.xbar[:, None, None, :]
+    off[g.cell_face_sign == 0] = 0.0
+    out = grad.copy()
+    fv.local_bounds_scale(f, g.stencil, np.ascontiguousarray(off), out)
+    lo = np.minimum(f, f[g.stencil].min(axis=1))
+    hi = np.maximum(f, f[g.stencil].max(axis=1))
+    dv = np.einsum("nkgd,nd->nkg", off, grad)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(dv > 0, (hi - f)[:, None, None] / dv, np.where(dv < 0, (lo - f)[:, None, None] / dv, np.inf))
+    theta = np.minimum(1.0, r.reshape(g.n_cells, -1).min(axis=1))
+    assert np.allclose(out, grad * theta[:, None], rtol=1e-13, atol=1e-15)
+    vals = f[:, None, None] + np.einsum("nkgd,nd->nkg", off, out)
+    assert np.all(vals >= lo[:, None, None] - 1e-14) and np.all(vals <= hi[:, None, None] + 1e-14)
+    assert np.any(theta < 1)  # the bound was active somewhere

@@ -26,6 +26,7 @@ __all__ = [
     "side_moments",
     "limited_gradient",
     "face_flux",
+    "local_bounds_scale",
     "cell_update",
     "cell_rates",
     "interpolate_to_faces",
@@ -156,6 +157,41 @@ def limited_gradient(f, stencil, coef, side, area, dt, limit, g):
             g[i, 2] = g2
         if d > 3:
             g[i, 3] = g3
+
+
+@njit(parallel=True, cache=True)
+def local_bounds_scale(f, stencil, offsets, g):
+    """Barth-Jespersen scaling of the gradients ``g`` (N, d), in place.
+
+    The reconstruction f_i + g_i . (X - xbar_i) at every face Gauss point of cell i (``offsets``
+    (N, K, G, d) = X - xbar_i, zero rows for padding) is kept within [min, max] of f over the cell and
+    its stencil neighbours. At a discrete local minimum this forces g_i = 0, so the global minimum of
+    the cell averages can only decrease through the cell's own net outflow: the discrete Gronwall bound
+    of the minimal-density lemma then holds (to the time integrator's order). Smooth extrema are
+    clipped (first order there).
+    """
+    N, S = stencil.shape
+    K, G, d = offsets.shape[1], offsets.shape[2], offsets.shape[3]
+    for i in prange(N):
+        fi = f[i]
+        lo = fi
+        hi = fi
+        for k in range(S):
+            v = f[stencil[i, k]]
+            lo = min(lo, v)
+            hi = max(hi, v)
+        theta = 1.0
+        for k in range(K):
+            for q in range(G):
+                dv = 0.0
+                for c in range(d):
+                    dv += g[i, c] * offsets[i, k, q, c]
+                if dv > 0.0:
+                    theta = min(theta, (hi - fi) / dv)
+                elif dv < 0.0:
+                    theta = min(theta, (lo - fi) / dv)
+        for c in range(d):
+            g[i, c] *= theta
 
 
 @njit(parallel=True, cache=True)
