@@ -247,14 +247,29 @@ class Solver:
     def _moments(self, t: float, f: np.ndarray) -> np.ndarray:
         if self.model.local and self.model.steady:
             if self._steady_mom is None:
-                self._steady_mom = self._compute_moments(self._face_velocity(t, f))
+                self._steady_mom = self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
             return self._steady_mom
-        return self._compute_moments(self._face_velocity(t, f))
+        if not self.model.local and hasattr(self.model, "V"):
+            return self._compute_moments(self._attention_weights(t, f))
+        return self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
 
-    def _compute_moments(self, v):
-        """Face moments (F, 2 + 2d) and their cell-major outflow copy (N, K, 1 + d), as a pair."""
+    def _attention_weights(self, t: float, f: np.ndarray) -> np.ndarray:
+        """a_g = P_X(V m(X_g)) . W_g for fields of the attention form, fused in one kernel."""
         grid = self.grid
-        a = self._normal_weights(v)
+        F, G, d = grid.face_points.shape
+        if getattr(self, "_vtw", None) is None:
+            self._vtw = np.ascontiguousarray(grid.face_normals @ np.asarray(self.model.V, float))
+        m = self._mean_at_cells(t, f)
+        grad = np.empty((grid.n_cells, d, d))
+        fv.vector_gradient(m, grid.stencil, grid.stencil_coef, grad)
+        a = np.empty((F, G))
+        fv.attention_normal_weights(m, grad, grid.xbar, grid.owner, grid.neighbour, grid.face_points, self._vtw, a)
+        return a
+
+    def _compute_moments(self, a):
+        """Face moments (F, 2 + 2d) and their cell-major outflow copy (N, K, 1 + d), as a pair, from the
+        normal-velocity weights a (F, G)."""
+        grid = self.grid
         mom = np.empty((grid.n_faces, fv.moment_width(grid.dim)))
         fv.face_moments(a, grid.face_points, grid.xbar, grid.owner, grid.neighbour, mom)
         side = np.empty(grid.cell_faces.shape + (grid.dim + 1,))

@@ -31,6 +31,7 @@ __all__ = [
     "cell_rates",
     "interpolate_to_faces",
     "vector_gradient",
+    "attention_normal_weights",
     "moment_width",
     "MAX_DIM",
 ]
@@ -267,6 +268,29 @@ def interpolate_to_faces(m, grad, xbar, owner, neigh, pts, out):
                     s += grad[o, c, j] * (pts[fc, gg, j] - xbar[o, j])
                     s += grad[n, c, j] * (pts[fc, gg, j] - xbar[n, j])
                 out[fc, gg, c] = 0.5 * s
+
+
+@njit(parallel=True, cache=True)
+def attention_normal_weights(m, grad, xbar, owner, neigh, pts, vtw, a):
+    """Normal-velocity weights a (F, G) of v = P_X(V m(X)) at the face Gauss points, with m interpolated
+    from cell values as in :func:`interpolate_to_faces`.
+
+    ``vtw`` (F, G, d) = V^T W_g precomputed: since the weighted normal W_g is tangent at X_g,
+    P_X(V m) . W = (V m) . W = m . (V^T W).
+    """
+    F, G, d = pts.shape
+    for fc in prange(F):
+        o = owner[fc]
+        n = neigh[fc]
+        for gg in range(G):
+            s = 0.0
+            for c in range(d):
+                mc = m[o, c] + m[n, c]
+                for j in range(d):
+                    mc += grad[o, c, j] * (pts[fc, gg, j] - xbar[o, j])
+                    mc += grad[n, c, j] * (pts[fc, gg, j] - xbar[n, j])
+                s += 0.5 * mc * vtw[fc, gg, c]
+            a[fc, gg] = s
 
 
 @njit(parallel=True, cache=True)
