@@ -70,7 +70,7 @@ def report_text(d: Path) -> tuple[str, str]:
     rel = f"../validation/{d.name}/"
     # relative links/images -> paths from docs/
     txt = re.sub(r"\]\((?!https?:|/|#|\.\./)([^)]+)\)", lambda m: f"]({rel}{m.group(1)})", txt)
-    txt = re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", txt, flags=re.M)  # demote headings
+    txt = re.sub(r"^(#+) ", lambda m: "##" + m.group(1) + " ", txt, flags=re.M)  # below the study's "##"
     return src.name, txt
 
 
