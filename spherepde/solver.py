@@ -315,7 +315,7 @@ class Solver:
         _, sup_div = self._rates(self._mom)
         d = self.diag
         d["time"].append(self.t)
-        d["mass"].append(float(np.dot(self.f, self.grid.areas)))
+        d["mass"].append(self.grid.mass(self.f))
         d["min"].append(float(self.f.min()))
         d["max"].append(float(self.f.max()))
         d["sup_div"].append(sup_div)

@@ -80,9 +80,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="nside 4, 8, 16 and beta 10 only (seconds)")
     ap.add_argument("--field-interval", type=int, default=4)
+    ap.add_argument("--nsides", type=int, nargs="+", help="override the grid levels (nested: each twice the last)")
+    ap.add_argument("--betas", type=float, nargs="+", help="override the inverse temperatures")
+    ap.add_argument("--tag", default="", help="suffix of the output files")
     args = ap.parse_args(argv)
     nsides = (4, 8, 16) if args.quick else (16, 32, 64, 128)
     betas = (10.0,) if args.quick else (10.0, 100.0)
+    nsides = tuple(args.nsides) if args.nsides else nsides
+    betas = tuple(args.betas) if args.betas else betas
     t0 = time.perf_counter()
     rows = run(nsides, betas, args.field_interval)
     lines = ["| case | beta | nside | steps | ||f_h - f_2h||_1 (rel.) | order L1 | Linf diff | order Linf | min f | mass drift | s |",
@@ -120,7 +125,7 @@ def main(argv=None):
         f"Wall time: {wall:.0f} s.",
         "",
     ])
-    suffix = "_quick" if args.quick else ""
+    suffix = ("_quick" if args.quick else "") + args.tag
     (HERE / f"results{suffix}.md").write_text(text)
     (HERE / f"results{suffix}.json").write_text(json.dumps(rows, indent=1))
     print(text)
