@@ -58,6 +58,9 @@ class ConfigError(ValueError):
 MATRIX_PRESETS = {
     "paper": {"B": np.diag([-1.0, -1.0, 1.0]), "V": np.diag([-1.0, 1.0, -2.0])},
     "identity": {"B": np.eye(3), "V": np.eye(3), "M": np.eye(3)},
+    # a general invertible pair with non-symmetric V B^T (the convergence studies' second case)
+    "general": {"B": np.eye(3) + 0.3 * np.array([[0, 1, 0.5], [-0.2, 0, 1], [0.4, -0.3, 0]]),
+                "V": np.array([[0.2, 1.0, 0.3], [-0.8, 0.1, 0.5], [0.3, -0.4, -0.6]])},
 }
 
 #: Figure kinds the runner and ``spherepde plot`` know.

@@ -25,13 +25,13 @@ import healpy as hp
 import numpy as np
 
 from spherepde import Attention, HealpixGrid, solve
+from spherepde.config import MATRIX_PRESETS
 
 HERE = Path(__file__).parent
 
-CASES = {
-    "paper": dict(B=np.diag([-1.0, -1.0, 1.0]), V=np.diag([-1.0, 1.0, -2.0]), t=1.0),
-    "general": dict(B=np.eye(3) + 0.3 * np.array([[0, 1, 0.5], [-0.2, 0, 1], [0.4, -0.3, 0]]),
-                    V=np.array([[0.2, 1.0, 0.3], [-0.8, 0.1, 0.5], [0.3, -0.4, -0.6]]), t=0.5),
+CASES = {  # the matrices are the package's presets (spherepde.config.MATRIX_PRESETS)
+    "paper": dict(**MATRIX_PRESETS["paper"], t=1.0),
+    "general": dict(**MATRIX_PRESETS["general"], t=0.5),
 }
 
 
