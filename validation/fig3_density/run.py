@@ -35,7 +35,7 @@ def main(argv=None):
     ap.add_argument("--nside", type=int, default=None)
     ap.add_argument("--no-perturbed", action="store_true")
     a = ap.parse_args(argv)
-    nside = a.nside or (6 if a.quick else 16)
+    nside = a.nside or (6 if a.quick else 32)
     t_end = 2.0 if a.quick else 20.0
     dt_save = 0.5 if a.quick else 0.25
     save = np.round(np.arange(0.0, t_end + 1e-9, dt_save), 10)
@@ -120,7 +120,7 @@ def figures(g, r, pr, res, map_times, sfx):
         lon, lat = sphere_lonlat(X)
         ax.plot(lon, lat, "r.", ms=2)
     fig.suptitle(f"beta = {res['beta']:g}, HEALPix nside {res['nside']}: density (colour) and 200 tokens (red)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(HERE / f"maps{sfx}.png", dpi=70)
     plt.close(fig)
 

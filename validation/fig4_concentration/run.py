@@ -36,9 +36,10 @@ T_END = 20.0
 DT_SAVE = 0.25
 NSIDES = (8, 16, 32)
 NSIDES_ALL_BETAS = (8, 16)
-BETAS_FINE = (30.0, 100.0, np.inf)  # nside 32 (beta = 100 reused from fig3_density when it has run at nside 32)
+BETAS_FINE = (30.0, 100.0, np.inf)  # nside 32, perturbed f0; uniform f0 only 100 and inf (beta = 100 reused
+# from fig3_density when that has run at nside 32)
 SEEDS = (0, 1, 2, 3, 4)
-EXTENDED = [(16, "perturbed", 30.0, 40.0)]  # does the density reach F after the intermediate state?
+EXTENDED = [(16, "perturbed", 30.0, 40.0), (16, "perturbed", 100.0, 50.0)]  # does the density reach F after the intermediate state?
 
 
 def bkey(beta):
@@ -64,7 +65,7 @@ def plan(quick, nsides):
     for n in nsides:
         bs = BETAS[::-1] if n in NSIDES_ALL_BETAS else BETAS_FINE  # the finest grid: what the machine affords
         runs += [(n, "perturbed", b) for b in bs]
-        runs += [(n, "uniform", b) for b in bs]
+        runs += [(n, "uniform", b) for b in bs if n in NSIDES_ALL_BETAS or b in (100.0, np.inf)]
     return runs
 
 
@@ -184,12 +185,17 @@ def main(argv=None):
     res.update({"study": "fig4_concentration", "t_end": t_end, "machine": machine(), "wall_particles_s": wall_p,
                 "options": {"cfl": 0.8, "field_interval": 10, "scheme": "linear", "stepper": "ssprk2"},
                 "wall_density_runs_s": float(sum(r["wall_s"] for r in recs + extended if "reused" not in r))})
+    for n in sorted({r["nside"] for r in extended}):
+        sel = [r for r in extended if r["nside"] == n and r["beta"] != "inf"]
+        s_, c_ = fit_slope([float(r["beta"]) for r in sel], [r["t_EF"] for r in sel])
+        res["slopes"][f"density n{n} perturbed t_EF (extended runs)"] = {
+            "slope": s_, "intercept": c_, "n_points": int(sum(np.isfinite([r["t_EF"] for r in sel])))}
     # the study's cost: every density run (cached or not; runs reused from fig3 excluded) + tokens + assembly
     res["wall_total_s"] = res["wall_density_runs_s"] + (time.perf_counter() - tp)
     (HERE / f"results{sfx}.json").write_text(json.dumps({**res, "runs": recs, "particles": parts,
                                                          "extended": extended}))
     write_md(res, recs, sfx, extended)
-    figures(recs, parts, res, sfx)
+    figures(recs, parts, res, sfx, extended)
     return res
 
 
@@ -267,7 +273,7 @@ def write_md(res, recs, sfx, extended=()):
     (HERE / f"results{sfx}.md").write_text("\n".join(L) + "\n")
 
 
-def figures(recs, parts, res, sfx):
+def figures(recs, parts, res, sfx, extended=()):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -325,6 +331,10 @@ def figures(recs, parts, res, sfx):
             xx = np.linspace(min(x), max(x), 2)
             ax.plot(xx, s["intercept"] + s["slope"] * xx, "k-", lw=0.8,
                     label=f"tokens {q} fit: slope {s['slope']:.2f}")
+    ext = [r for r in extended if r["beta"] != "inf" and np.isfinite(r["t_EF"])]
+    if ext:
+        ax.plot([np.log(float(r["beta"])) for r in ext], [r["t_EF"] for r in ext], "r*", ms=10,
+                label="density n16 perturbed: t_EF (runs to T = 40-50)")
     ax.set_xlabel("log beta")
     ax.set_ylabel("time")
     ax.legend(fontsize=6)
