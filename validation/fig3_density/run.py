@@ -5,7 +5,7 @@ particle run (Algorithm 1, dt = 0.01, same beta) overlaid, an animation (GIF), a
 both. A second density run from a slightly perturbed f0 (5 %, breaks the reflection symmetries of the
 uniform density) is recorded alongside (alignment only).
 
-Usage: ``python validation/fig3_density/run.py [--quick] [--nside N]``. Writes results.md, results.json,
+Usage: ``python validation/fig3_density/run.py [--quick] [--nside N] [--replot]``. Writes results.md, results.json,
 maps.png, alignment.png, animation.gif (quick mode: *_quick.*) and density_n<N>.npz (raw densities, float32).
 """
 from __future__ import annotations
@@ -34,8 +34,21 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--nside", type=int, default=None)
     ap.add_argument("--no-perturbed", action="store_true")
+    ap.add_argument("--replot", action="store_true", help="rebuild the figures from results.json + density npz")
     a = ap.parse_args(argv)
     nside = a.nside or (6 if a.quick else 32)
+    if a.replot:
+        from types import SimpleNamespace
+
+        from spherepde import HealpixGrid
+
+        sfx = "_quick" if a.quick else ""
+        res = json.loads((HERE / f"results{sfx}.json").read_text())
+        z = np.load(HERE / f"density_n{res['nside']}{sfx}.npz")
+        figures(HealpixGrid(int(res["nside"])), SimpleNamespace(density=z["density"].astype(float)),
+                SimpleNamespace(positions=z["particles"].astype(float)), res,
+                (0.0, 1.0, 2.0) if a.quick else MAP_TIMES, sfx)
+        return res
     t_end = 2.0 if a.quick else 20.0
     dt_save = 0.5 if a.quick else 0.25
     save = np.round(np.arange(0.0, t_end + 1e-9, dt_save), 10)
