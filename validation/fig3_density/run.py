@@ -60,13 +60,7 @@ def main(argv=None):
     m = grid_measures(g, r.density, PAPER_B, PAPER_V)
     print(f"density nside {nside}: {r.n_steps} steps, {wall:.1f} s", flush=True)
     pert = None
-    cached = HERE.parent / "fig4_concentration" / "runs" / f"n{nside}_perturbed_b100_T{t_end:g}.json"
-    if not a.no_perturbed and cached.exists() and not a.quick:  # same settings in fig4's run cache
-        c = json.loads(cached.read_text())
-        pert = {"wall_s": c["wall_s"], "steps": c["steps"], "reused": "fig4_concentration",
-                **{k: c[k] for k in ("align_E", "align_F", "align_Fabs", "W2")},
-                "t_transition": transition_time(save, c["align_E"], c["align_F"])}
-    elif not a.no_perturbed:
+    if not a.no_perturbed:
         gp, rp, wallp = run_density(nside, PAPER_B, PAPER_V, BETA, t_end, save, f0="perturbed")
         mp = grid_measures(gp, rp.density, PAPER_B, PAPER_V)
         pert = {"wall_s": wallp, "steps": rp.n_steps, **{k: v.tolist() for k, v in mp.items()},

@@ -11,7 +11,8 @@ Derived numbers:
 - min_t W2(rho_t, Pi#rho_0) against beta, next to Theorem 1's scale sqrt(log(beta+1)/beta).
 
 Usage: ``python validation/fig4_concentration/run.py [--quick] [--nside N ...] [--report-only]``.
-Each density run is cached in runs/ (json) so the full study can be run in pieces and resumed.
+Each density run is cached in runs/ (json) so the study can be run in pieces (--nside, --extended: these
+reuse cached runs) and assembled (--report-only); the full mode in one piece recomputes every run.
 Writes results.md, results.json, curves.png, transition.png, minw2.png (quick: *_quick.*).
 """
 from __future__ import annotations
@@ -69,10 +70,11 @@ def plan(quick, nsides):
     return runs
 
 
-def density_run(nside, f0, beta, t_end, cache_dir):
+def density_run(nside, f0, beta, t_end, cache_dir, fresh=False):
+    """One run's record; read from the cache unless ``fresh`` (the full mode in one piece recomputes)."""
     key = f"n{nside}_{f0}_b{bkey(beta)}_T{t_end:g}"
     path = cache_dir / f"{key}.json"
-    if path.exists():
+    if path.exists() and not fresh:
         return json.loads(path.read_text())
     save = np.round(np.arange(0.0, t_end + 1e-9, DT_SAVE), 10)
     fig3 = HERE.parent / "fig3_density" / f"density_n{nside}.npz"
@@ -162,18 +164,19 @@ def main(argv=None):
     t_end = 3.0 if a.quick else T_END
     cache = HERE / ("runs_quick" if a.quick else "runs")
     runs = plan(a.quick, a.nside or NSIDES)
+    fresh = not (a.nside or a.report_only)  # quick, or full mode in one piece: recompute everything
     recs = []
     for n, f0, b in runs:
         key = cache / f"n{n}_{f0}_b{bkey(b)}_T{t_end:g}.json"
         if a.report_only and not key.exists():
             continue
-        recs.append(density_run(n, f0, b, t_end, cache))
+        recs.append(density_run(n, f0, b, t_end, cache, fresh=fresh))
     if a.nside and not a.quick:
         return  # a piece of the full study; assemble with --report-only
     if not a.quick:
         for n, f0, b, T in EXTENDED:
             if not a.report_only or (cache / f"n{n}_{f0}_b{bkey(b)}_T{T:g}.json").exists():
-                density_run(n, f0, b, T, cache)
+                density_run(n, f0, b, T, cache, fresh=fresh)
         # include every cached run
         recs = [json.loads(p.read_text()) for p in sorted(cache.glob("*.json"))]
     extended = [r for r in recs if abs(r["times"][-1] - t_end) > 1e-9]
