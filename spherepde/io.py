@@ -295,7 +295,8 @@ def write_checkpoint(path, state: dict, extra: dict | None = None):
     Parameters
     ----------
     state : dict
-        ``Solver.get_state()``: t, f, n_steps, l0, diag (dict of lists), history (list of (t, m)).
+        ``Solver.get_state()``: t, f, n_steps, l0, diag (dict of lists), history (list of (t, array)): the
+        field history of ``field_interval`` (face normal-velocity weights).
     extra : dict of scalars
         Runner bookkeeping (number of saved frames, elapsed wall time, config JSON, ...).
     """

@@ -175,7 +175,7 @@ class Solver:
         self.n_steps = 0
         self._steady_mom = None
         self._steady_rates = None
-        self._history: list[tuple[float, np.ndarray]] = []  # (t, m at cells) for field_interval
+        self._history: list[tuple[float, np.ndarray]] = []  # (t, face weights a) for field_interval
         self._circle_phi0 = None  # first cell angle of a uniform, ordered circle grid (FFT attention path)
         if grid.dim == 2 and not model.local and hasattr(grid, "lo"):
             phi = 0.5 * (grid.lo[:, 0] + grid.hi[:, 0])
@@ -199,34 +199,52 @@ class Solver:
         return np.einsum("fgk,fgk->fg", v_points, self.grid.face_normals)
 
     def _face_velocity(self, t: float, f: np.ndarray) -> np.ndarray:
+        """Velocity of a local model at the face Gauss points, (F, G, d)."""
+        grid = self.grid
+        F, G, d = grid.face_points.shape
+        v = self.model.field(grid.face_points.reshape(-1, d), t)
+        return np.asarray(v, float).reshape(F, G, d)
+
+    def _nonlocal_weights_now(self, f: np.ndarray, fused: bool = True) -> np.ndarray:
+        """Normal-velocity weights a (F, G) of a nonlocal model for the density f.
+
+        The mean m is evaluated at the cell centres and interpolated to the Gauss points with
+        least-squares gradients (second order). For fields of the attention form v = P_x(V m) the
+        weights come from one fused kernel (a = m . V^T W); other models go through
+        ``velocity_from_mean``.
+        """
         grid, model = self.grid, self.model
         F, G, d = grid.face_points.shape
-        if model.local:
-            v = model.field(grid.face_points.reshape(-1, d), t)
-            return np.asarray(v, float).reshape(F, G, d)
-        m = self._mean_at_cells(t, f)
+        m = self._grid_mean_field(f)
         grad = np.empty((grid.n_cells, d, d))
         fv.vector_gradient(m, grid.stencil, grid.stencil_coef, grad)
+        if fused and hasattr(model, "V"):
+            if getattr(self, "_vtw", None) is None:
+                self._vtw = np.ascontiguousarray(grid.face_normals @ np.asarray(model.V, float))
+            a = np.empty((F, G))
+            fv.attention_normal_weights(m, grad, grid.xbar, grid.owner, grid.neighbour, grid.face_points,
+                                        self._vtw, a)
+            return a
         mg = np.empty((F, G, d))
         fv.interpolate_to_faces(m, grad, grid.xbar, grid.owner, grid.neighbour, grid.face_points, mg)
-        pts = grid.face_points.reshape(-1, d)
-        return model.velocity_from_mean(pts, mg.reshape(-1, d)).reshape(F, G, d)
+        v = model.velocity_from_mean(grid.face_points.reshape(-1, d), mg.reshape(-1, d)).reshape(F, G, d)
+        return self._normal_weights(v)
 
-    def _mean_at_cells(self, t: float, f: np.ndarray) -> np.ndarray:
-        grid, model = self.grid, self.model
+    def _nonlocal_weights(self, t: float, f: np.ndarray) -> np.ndarray:
+        """Weights at time t: recomputed from f (field_interval None), or, with field_interval k,
+        recomputed at every k-th step start and extrapolated linearly in time in between (the weights
+        are linear in m, so extrapolating them equals extrapolating the field)."""
         k = self.options.field_interval
         if k is None:
-            return self._grid_mean_field(f)
-        # recomputed at step starts every k steps, extrapolated linearly in time in between
+            return self._nonlocal_weights_now(f)
         at_start = t == self.t and f is self.f
         if at_start and self.n_steps % k == 0 and (not self._history or self._history[-1][0] != t):
-            m = self._grid_mean_field(f)
-            self._history = (self._history + [(t, m)])[-2:]
-        tn, mn = self._history[-1]
+            self._history = (self._history + [(t, self._nonlocal_weights_now(f))])[-2:]
+        tn, an = self._history[-1]
         if len(self._history) == 1 or t == tn:
-            return mn
-        tp, mp = self._history[0]
-        return mn + ((t - tn) / (tn - tp)) * (mn - mp)
+            return an
+        tp, ap = self._history[0]
+        return an + ((t - tn) / (tn - tp)) * (an - ap)
 
     def _grid_mean_field(self, f: np.ndarray) -> np.ndarray:
         """The attention mean at the cell centres for the grid density f (midpoint rule over cells).
@@ -249,22 +267,9 @@ class Solver:
             if self._steady_mom is None:
                 self._steady_mom = self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
             return self._steady_mom
-        if not self.model.local and hasattr(self.model, "V"):
-            return self._compute_moments(self._attention_weights(t, f))
-        return self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
-
-    def _attention_weights(self, t: float, f: np.ndarray) -> np.ndarray:
-        """a_g = P_X(V m(X_g)) . W_g for fields of the attention form, fused in one kernel."""
-        grid = self.grid
-        F, G, d = grid.face_points.shape
-        if getattr(self, "_vtw", None) is None:
-            self._vtw = np.ascontiguousarray(grid.face_normals @ np.asarray(self.model.V, float))
-        m = self._mean_at_cells(t, f)
-        grad = np.empty((grid.n_cells, d, d))
-        fv.vector_gradient(m, grid.stencil, grid.stencil_coef, grad)
-        a = np.empty((F, G))
-        fv.attention_normal_weights(m, grad, grid.xbar, grid.owner, grid.neighbour, grid.face_points, self._vtw, a)
-        return a
+        if self.model.local:
+            return self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
+        return self._compute_moments(self._nonlocal_weights(t, f))
 
     def _compute_moments(self, a):
         """Face moments (F, 2 + 2d) and their cell-major outflow copy (N, K, 1 + d), as a pair, from the

@@ -220,6 +220,6 @@ def test_fused_attention_weights_match_generic_path():
     g = HealpixGrid(4)
     model = Attention(B_GEN, V_GEN, 5.0)
     s = Solver(g, model, smooth_f0)
-    fused = s._attention_weights(0.0, s.f)
-    generic = s._normal_weights(s._face_velocity(0.0, s.f))
+    fused = s._nonlocal_weights_now(s.f)
+    generic = s._nonlocal_weights_now(s.f, fused=False)
     assert np.allclose(fused, generic, rtol=1e-12, atol=1e-15)
