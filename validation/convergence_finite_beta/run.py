@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -25,18 +26,11 @@ import healpy as hp
 import numpy as np
 
 from spherepde import Attention, HealpixGrid, solve
-from spherepde.config import MATRIX_PRESETS
 
 HERE = Path(__file__).parent
-
-CASES = {  # the matrices are the package's presets (spherepde.config.MATRIX_PRESETS)
-    "paper": dict(**MATRIX_PRESETS["paper"], t=1.0),
-    "general": dict(**MATRIX_PRESETS["general"], t=0.5),
-}
-
-
-def f0(x):
-    return (1 + 0.5 * x[:, 0] + 0.3 * x[:, 1] * x[:, 2] + 0.2 * x[:, 2] ** 2) / (4 * np.pi * (1 + 0.2 / 3))
+sys.path.insert(0, str(HERE.parents[1]))
+# the same matrix pairs, times and initial density as the zero-temperature study
+from validation.convergence_zero_temperature.run import CASES, f0  # noqa: E402
 
 
 def restrict(f_ring, nside, nside_to):
