@@ -83,7 +83,7 @@ def _check_keys(section: dict, allowed: tuple, where: str):
 def _int(sec, key, where, default=None, minimum=None, maximum=None, required=False):
     if key not in sec:
         if required:
-            raise ConfigError(f"{where}.{key}", None, f"an integer (required)")
+            raise ConfigError(f"{where}.{key}", None, "an integer (required)")
         return default
     v = sec[key]
     rng = _range_text(minimum, maximum)

@@ -32,7 +32,7 @@ Conventions: score <x, B y>, value V y, A = V B^T (as everywhere in spherepde).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np

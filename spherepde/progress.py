@@ -25,7 +25,6 @@ class ProgressBar:
         self.start = time.perf_counter()
         self.min_interval = min_interval
         self._last = 0.0
-        self.t0 = None
 
     def update(self, t: float):
         if not self.enabled:
@@ -34,8 +33,6 @@ class ProgressBar:
         if now - self._last < self.min_interval and t < self.total:
             return
         self._last = now
-        if self.t0 is None:
-            self.t0 = 0.0
         frac = 1.0 if self.total <= 0 else min(1.0, max(0.0, t / self.total))
         elapsed = now - self.start
         eta = elapsed * (1 - frac) / frac if frac > 0 else float("nan")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._checks import as_matrix, as_points, finite_float
+from ._checks import as_matrix, finite_float
 
 __all__ = ["SpectralData", "spectral_data", "projection", "limit_measure", "lyapunov_vp", "as_basis",
            "PERP_TOL", "MAX_CONDITION"]

@@ -113,7 +113,6 @@ def least_squares_stencil(xbar: np.ndarray, neighbours: np.ndarray) -> np.ndarra
     xbar_i / |xbar_i| (dimension d - 1), with weights w_k = 1 / |xbar_k - xbar_i|^2.
     """
     N, S = neighbours.shape
-    d = xbar.shape[1]
     present = neighbours >= 0
     nb = np.where(present, neighbours, np.arange(N)[:, None])
     diff = xbar[nb] - xbar[:, None, :]  # (N, S, d)

@@ -522,7 +522,6 @@ def _ibessel_scaled(kap, L, il, ext):
     r = 0.0
     for l in range(top, L, -1):
         r = kap / (2.0 * l + 1.0 + kap * r)
-    rL1 = r  # r_{L+1}
     for l in range(L, 0, -1):
         r = kap / (2.0 * l + 1.0 + kap * r)
         il[l] = r

@@ -18,7 +18,6 @@ keep it too. On resolved positive solutions theta = 1 and the scheme is second o
 """
 from __future__ import annotations
 
-import numpy as np
 from numba import njit, prange
 
 __all__ = [
