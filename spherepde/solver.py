@@ -174,7 +174,7 @@ class Solver:
         self.f = _initial_density(grid, f0)
         self.n_steps = 0
         self._steady_mom = None
-        self._steady_rates = None
+        self._rates_of = None  # the moment set whose rates are in self._last_rates
         self._history: list[tuple[float, np.ndarray]] = []  # (t, face weights a) for field_interval
         self._circle_phi0 = None  # first cell angle of a uniform, ordered circle grid (FFT attention path)
         if grid.dim == 2 and not model.local and hasattr(grid, "lo"):
@@ -306,15 +306,14 @@ class Solver:
         return self._offsets
 
     def _rates(self, mom):
-        """(max outflow Courant rate, max discrete div v) of a moment set; cached for steady fields."""
-        if mom is self._steady_mom and self._steady_rates is not None:
-            return self._steady_rates
+        """(max outflow Courant rate, max discrete div v) of a moment set. Memoised on the last set:
+        the same moments are asked for by the diagnostics after a step and by the next step."""
+        if mom is self._rates_of:
+            return self._last_rates
         g = self.grid
         fv.cell_rates(mom[0], g.cell_faces, g.cell_face_sign, g.areas, self._rate, self._div)
-        rates = float(self._rate.max()), float(self._div.max())
-        if mom is self._steady_mom:
-            self._steady_rates = rates
-        return rates
+        self._rates_of, self._last_rates = mom, (float(self._rate.max()), float(self._div.max()))
+        return self._last_rates
 
     def _record(self):
         _, sup_div = self._rates(self._mom)

@@ -54,9 +54,6 @@ class Grid:
         error grows like log N, so mass drift below 1e-14 stays visible on large grids)."""
         return float(np.sum(np.asarray(f, float) * self.areas))
 
-    def integrate(self, f) -> float:
-        return self.mass(f)
-
     def cell_average(self, func, order: int | None = None) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
 

@@ -14,7 +14,7 @@ import healpy as hp
 import numpy as np
 
 from .._checks import positive_int
-from ._healpix_map import FACE_AREA, face_map, face_map_jacobian
+from ._healpix_map import face_map, face_map_jacobian
 from .base import Grid, incidence, least_squares_stencil
 
 __all__ = ["HealpixGrid"]
@@ -233,6 +233,3 @@ class HealpixGrid(Grid):
         """Index of the cell containing each point (n, 3)."""
         p = np.asarray(points, float)
         return hp.vec2pix(self.nside, p[:, 0], p[:, 1], p[:, 2])
-
-    #: Area of a base face; kept for documentation and tests.
-    FACE_AREA = FACE_AREA
