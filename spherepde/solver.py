@@ -184,8 +184,9 @@ class Solver:
                 self._circle_phi0 = float(phi[0])
         d = grid.dim
         N, F = grid.n_cells, grid.n_faces
-        self._g = np.zeros((N, d))
+        self._g = np.zeros((N, d))  # gradients and face fluxes: limiter="maximum" only
         self._flux = np.empty(F)
+        self._outflow = None  # per cell and face outflows of the fused stage kernel
         self._rate = np.empty(N)
         self._div = np.empty(N)
         self._buffers = [np.empty(N), np.empty(N)]  # stage outputs; never alias self.f
@@ -278,22 +279,24 @@ class Solver:
         mom = np.empty((grid.n_faces, fv.moment_width(grid.dim)))
         fv.face_moments(a, grid.face_points, grid.xbar, grid.owner, grid.neighbour, mom)
         side = np.empty(grid.cell_faces.shape + (grid.dim + 1,))
-        if self.options.scheme == "linear" and self.options.limiter != "none":
-            fv.side_moments(mom, grid.cell_faces, grid.cell_face_sign, side)
+        fv.side_moments(mom, grid.cell_faces, grid.cell_face_sign, side)
         return mom, side
 
     # ------------------------------------------------------------------ one step
     def _rhs_stage(self, fa, fb, mom, dt, alpha, out):
         grid, opt = self.grid, self.options
-        if opt.scheme == "linear":
-            fv.limited_gradient(fb, grid.stencil, grid.stencil_coef, mom[1], grid.areas, dt,
-                                opt.limiter != "none", self._g)
-            if opt.limiter == "maximum":
-                fv.local_bounds_scale(fb, grid.stencil, self._point_offsets(), self._g)
-        else:
-            self._g[:] = 0.0
-        fv.face_flux(fb, self._g, grid.owner, grid.neighbour, mom[0], self._flux)
-        fv.cell_update(fa, fb, self._flux, grid.cell_faces, grid.cell_face_sign, grid.areas, dt, alpha, out)
+        linear = opt.scheme == "linear"
+        if linear and opt.limiter == "maximum":  # gradient, two scalings, then the face fluxes
+            fv.limited_gradient(fb, grid.stencil, grid.stencil_coef, mom[1], grid.areas, dt, True, self._g)
+            fv.local_bounds_scale(fb, grid.stencil, self._point_offsets(), self._g)
+            fv.face_flux(fb, self._g, grid.owner, grid.neighbour, mom[0], self._flux)
+            fv.cell_update(fa, fb, self._flux, grid.cell_faces, grid.cell_face_sign, grid.areas, dt, alpha,
+                           out)
+            return
+        if self._outflow is None:
+            self._outflow = np.empty(grid.cell_faces.size)
+        fv.stage_update(fa, fb, grid.stencil, grid.stencil_coef, mom[1], grid.cell_inflow, grid.areas, dt,
+                        alpha, linear, opt.limiter != "none", self._outflow, out)
 
     def _point_offsets(self) -> np.ndarray:
         """X_g - xbar_i for every face Gauss point of every cell, (N, K, G, d) (for limiter="maximum")."""

@@ -175,3 +175,53 @@ def test_local_bounds_scale(setup):
     vals = f[:, None, None] + np.einsum("nkgd,nd->nkg", off, out)
     assert np.all(vals >= lo[:, None, None] - 1e-14) and np.all(vals <= hi[:, None, None] + 1e-14)
     assert np.any(theta < 1)  # the bound was active somewhere
+
+
+@pytest.mark.parametrize("linear,limit", [(False, False), (True, False), (True, True)])
+def test_stage_update_matches_twins(setup, linear, limit):
+    """The fused stage kernel (outflows per cell, then inflows gathered through Grid.cell_inflow)
+    equals the NumPy twins: gradient (limited or not, zero for upwind), pointwise upwind face fluxes
+    at the Gauss points, then the Shu-Osher stage. rtol 1e-12: the twins sum in another order."""
+    g, a, f = setup
+    mom = twin_moments(g, a)
+    rate = np.empty(g.n_cells)
+    fv.cell_rates(mom, g.cell_faces, g.cell_face_sign, g.areas, rate, np.empty(g.n_cells))
+    dt = 0.9 / rate.max()  # large: the total-outflow bound of the limiter binds somewhere
+    side = np.empty((g.n_cells, 4, 4))
+    fv.side_moments(mom, g.cell_faces, g.cell_face_sign, side)
+    fa = RNG.random(g.n_cells)
+    out = np.empty(g.n_cells)
+    outflow = np.empty(g.cell_faces.size)
+    fv.stage_update(fa, f, g.stencil, g.stencil_coef, side, g.cell_inflow, g.areas, dt, 0.25, linear, limit,
+                    outflow, out)
+    grad = twin_gradient(g, f, mom, dt, limit) if linear else np.zeros((g.n_cells, 3))
+    flux = twin_flux_pointwise(g, a, f, grad)
+    net = np.zeros(g.n_cells)
+    np.add.at(net, g.owner, flux)
+    np.add.at(net, g.neighbour, -flux)
+    ref = 0.25 * fa + 0.75 * (f - dt * net / g.areas)
+    assert np.allclose(out, ref, rtol=1e-12, atol=1e-13)
+    # conservation: the outflow slots and the inflow gather cancel in the total
+    assert abs(np.sum((out - 0.25 * fa) * g.areas) - 0.75 * np.sum(f * g.areas)) < 1e-13
+    if limit:  # one forward-Euler stage at this dt keeps f >= 0 with the limiter, not without
+        fv.stage_update(f, f, g.stencil, g.stencil_coef, side, g.cell_inflow, g.areas, dt, 0.0, True, True,
+                        outflow, out)
+        assert out.min() >= 0.0
+        fv.stage_update(f, f, g.stencil, g.stencil_coef, side, g.cell_inflow, g.areas, dt, 0.0, True, False,
+                        outflow, out)
+        assert out.min() < 0.0
+
+
+def test_cell_inflow_is_an_involution():
+    """Slot k of cell i and its inflow slot name the same face from both sides."""
+    from spherepde.grids import TensorGrid
+
+    for g in (HealpixGrid(1), HealpixGrid(3), TensorGrid(3, 6), TensorGrid(2, 5)):
+        flat = g.cell_inflow.ravel()
+        real = g.cell_face_sign.ravel() != 0
+        K = g.cell_faces.shape[1]
+        assert np.array_equal(flat[flat][real], np.arange(flat.size)[real])
+        assert np.array_equal(g.cell_faces.ravel()[flat][real], g.cell_faces.ravel()[real])
+        assert np.array_equal(g.cell_face_sign.ravel()[flat][real], -g.cell_face_sign.ravel()[real])
+        assert np.array_equal(flat[~real], np.arange(flat.size)[~real])
+        assert np.all(flat[real] // K != np.arange(flat.size)[real] // K)

@@ -27,6 +27,7 @@ __all__ = [
     "face_flux",
     "local_bounds_scale",
     "cell_update",
+    "stage_update",
     "cell_rates",
     "interpolate_to_faces",
     "vector_gradient",
@@ -250,6 +251,86 @@ def cell_update(fa, fb, flux, cell_faces, cell_sign, area, dt, alpha, out):
             # increment form of alpha fa + (1 - alpha)(fb - dt s/|C|): near a steady state the same
             # products would round the same way every step and the mass would drift linearly
             # (measured 6e-17 per step with SSP-RK3); here only the small increment is rounded.
+            out[i] = fa[i] + beta * ((fb[i] - fa[i]) - dt * s / area[i])
+
+
+@njit(inline="always")
+def _cell_outflows(i, f, stencil, coef, side, area, dt, linear, limit, outflow):
+    """Outflows of cell i through each of its faces over one stage, into outflow[i * K + k]: the LS
+    gradient, the positivity scaling of :func:`limited_gradient` (same arithmetic), then
+    q f_i + theta g_i . Q per face."""
+    S = stencil.shape[1]
+    K = side.shape[1]
+    d = coef.shape[2]
+    fi = f[i]
+    g0 = 0.0
+    g1 = 0.0
+    g2 = 0.0
+    g3 = 0.0
+    if linear:
+        for k in range(S):
+            df = f[stencil[i, k]] - fi
+            g0 += coef[i, k, 0] * df
+            g1 += coef[i, k, 1] * df
+            if d > 2:
+                g2 += coef[i, k, 2] * df
+            if d > 3:
+                g3 += coef[i, k, 3] * df
+    theta = 1.0
+    if linear and limit:
+        if fi <= 0.0:
+            theta = 0.0
+        else:
+            s0 = 0.0
+            s1 = 0.0
+            for k in range(K):
+                q = side[i, k, 0]
+                gq = g0 * side[i, k, 1] + g1 * side[i, k, 2]
+                if d > 2:
+                    gq += g2 * side[i, k, 3]
+                if d > 3:
+                    gq += g3 * side[i, k, 4]
+                if gq < 0.0 and q * fi + gq < 0.0:
+                    theta = min(theta, (1.0 - OUTFLOW_MARGIN) * q * fi / (-gq))
+                s0 += q
+                s1 += gq
+            s0 *= fi
+            cap = (1.0 - OUTFLOW_MARGIN) * fi * area[i] / dt
+            if s1 > 0.0 and s0 + theta * s1 > cap:
+                theta = min(theta, max(cap - s0, 0.0) / s1)
+    for k in range(K):
+        gq = g0 * side[i, k, 1] + g1 * side[i, k, 2]
+        if d > 2:
+            gq += g2 * side[i, k, 3]
+        if d > 3:
+            gq += g3 * side[i, k, 4]
+        outflow[i * K + k] = side[i, k, 0] * fi + theta * gq
+
+
+@njit(parallel=True, cache=True)
+def stage_update(fa, fb, stencil, coef, side, inflow, area, dt, alpha, linear, limit, outflow, out):
+    """One SSP-RK stage, out = alpha fa + (1 - alpha)(fb - dt/|C| div_h F(fb)), in two passes.
+
+    Pass 1, per cell: the (limited, if ``limit``) gradient of fb, or none if not ``linear`` (first-order
+    upwind), and the outflow through each face, q f_c + g_c . Q from the cell-major moments ``side``
+    (:func:`side_moments`), stored at ``outflow[c * K + k]`` (N * K,). Pass 2, per cell: own outflows
+    minus the inflows, which are the outflows stored at ``inflow`` (``Grid.cell_inflow``). Each face's
+    flux is computed once, by its upwind cell(s), and enters both cells with opposite signs, so mass
+    is conserved exactly; the fluxes equal those of :func:`face_flux` with :func:`limited_gradient`
+    (this fusion replaces the three kernels and moves about a quarter fewer bytes).
+    """
+    N, K = inflow.shape
+    for i in prange(N):
+        _cell_outflows(i, fb, stencil, coef, side, area, dt, linear, limit, outflow)
+    beta = 1.0 - alpha
+    for i in prange(N):
+        s = 0.0
+        for k in range(K):
+            s += outflow[i * K + k] - outflow[inflow[i, k]]
+        if alpha == 0.0:
+            out[i] = fb[i] - dt * s / area[i]
+        else:
+            # increment form, as in cell_update
             out[i] = fa[i] + beta * ((fb[i] - fa[i]) - dt * s / area[i])
 
 
