@@ -1,19 +1,25 @@
 """Minimal density against the Gronwall bound (issue 4).
 
 Paper matrices B = diag(-1,-1,1), V = diag(-1,1,-2); f0 = (1 + 0.3 x1 x2) / (4 pi) (smooth, not constant,
-min f0 = 0.85 / (4 pi)); beta in {10, 100, 1000, inf}; HEALPix nside 32 (quick: 8) to t = 5 (quick: 0.5).
+min f0 = 0.85 / (4 pi)); beta in {10, 100, 1000, inf}; HEALPix nside 32 (quick: 8) to t = 5 (quick: 6);
+two limiters of the linear reconstruction (``Options.limiter``): "maximum" (positivity + Barth-Jespersen
+local maximum principle; the study's main runs) and "positivity" (the default; the comparison).
 For every step the solver records min_i f_i and the bound
 
     gronwall(t) = min f_0 * exp(- int_0^t sup_x div_S v_s(x) ds)
 
 (sup over cells of the discrete divergence, trapezoidal in time).  The lemma says min f_t >= gronwall(t)
 for the continuum; this script reports min over t of (min f_t / gronwall(t)) and every violation.
+With limiter="maximum" the discrete minimum follows the discrete bound (the minimising cell gets a zero
+gradient, so it loses mass only through its net outflow, at most sup div times its mass; SSPRK2 then
+damps by 1 - r dt + (r dt)^2 / 2 >= exp(-r dt)), up to the O(dt^2) changes of the field within a step;
+with "positivity" alone a cell next to a cluster narrower than two cells drains within a few steps.
 
 Finite beta uses the solver option ``field_interval`` (field recomputed every k steps, extrapolated
 linearly in between) -- default k = 5 for beta >= 100, exact method of lines (None) for beta = 10.
 
     python validation/min_density/run.py --quick
-    python validation/min_density/run.py [--betas 10 100 1000 inf] [--nside 32]
+    python validation/min_density/run.py [--betas 10 100 1000 inf] [--nside 32] [--limiters maximum positivity]
 """
 from __future__ import annotations
 
@@ -29,6 +35,13 @@ HERE = Path(__file__).resolve().parent
 B = np.diag([-1.0, -1.0, 1.0])
 V = np.diag([-1.0, 1.0, -2.0])
 EPS = 0.3
+LIMITERS = ("maximum", "positivity")
+#: Tolerance on min f_t / bound for limiter="maximum": the bound is exact for the discrete scheme up to
+#: the time integrator (SSPRK2: the minimising cell's damping differs from exp(-int sup div) only through
+#: the change of the field and of the minimising cell within a step, O(dt^2) relative per step). The
+#: measured worst ratio over all betas is stated in README.md; 1e-3 is far above it and far below the
+#: positivity limiter's violations (ratios down to 1e-10 at nside 32, 0.67 at nside 8).
+MAX_RATIO_TOL = 1e-3
 
 
 def f0(x):
@@ -40,6 +53,7 @@ def parse(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--part", default="all", choices=["all", "solve", "analyze"])
     ap.add_argument("--betas", nargs="+", default=["10", "100", "1000", "inf"])
+    ap.add_argument("--limiters", nargs="+", default=list(LIMITERS), choices=LIMITERS)
     ap.add_argument("--nside", type=int, default=None)
     ap.add_argument("--t-end", type=float, default=None)
     ap.add_argument("--field-interval", type=int, default=5, help="k for beta >= 100 (0: exact)")
@@ -47,7 +61,7 @@ def parse(argv=None):
     a = ap.parse_args(argv)
     if a.quick:
         a.nside = a.nside or 8
-        a.t_end = a.t_end or 0.5
+        a.t_end = a.t_end or 6.0
     a.nside = a.nside or 32
     a.t_end = a.t_end or 5.0
     a.out = Path(a.out) if a.out else (HERE / "quick" if a.quick else HERE)
@@ -62,7 +76,11 @@ def model_for(beta_s):
     return sp.Attention(B, V, float(beta_s)), float(beta_s)
 
 
-def solve_one(a, beta_s):
+def raw_path(a, limiter, beta_s):
+    return a.out / f"raw_{limiter}_beta{beta_s}.npz"
+
+
+def solve_one(a, beta_s, limiter):
     import spherepde as sp
 
     grid = sp.HealpixGrid(a.nside)
@@ -71,47 +89,56 @@ def solve_one(a, beta_s):
     if beta is not None and beta >= 100 and a.field_interval > 0:
         fi = a.field_interval
     c0, w0 = time.process_time(), time.perf_counter()
-    res = sp.solve(grid, model, f0, a.t_end, save_at=[0.0, a.t_end], field_interval=fi)
+    res = sp.solve(grid, model, f0, a.t_end, save_at=[0.0, a.t_end], field_interval=fi, limiter=limiter)
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     d = res.diagnostics
-    np.savez(a.out / f"raw_beta{beta_s}.npz", time=d["time"], min=d["min"], gronwall=d["gronwall"],
+    np.savez(raw_path(a, limiter, beta_s), limiter=limiter, time=d["time"], min=d["min"], gronwall=d["gronwall"],
              sup_div=d["sup_div"], mass=d["mass"], max=d["max"], cpu=cpu, wall=wall, n_steps=res.n_steps,
              field_interval=fi or 0, nside=a.nside, f_end=res.density[-1])
     r = d["min"] / d["gronwall"]
-    print(f"beta {beta_s}: {res.n_steps} steps, wall {wall:.1f} s, min(min f / bound) = {r.min():.4f}", flush=True)
+    print(f"{limiter}, beta {beta_s}: {res.n_steps} steps, wall {wall:.1f} s, min(min f / bound) = {r.min():.4f}", flush=True)
+
+
+def run_stats(r):
+    t, mn, gw = r["time"], r["min"], r["gronwall"]
+    ratio = mn / gw
+    viol = ratio < 1.0
+    i = 1 + int(np.argmin(ratio[1:]))  # t = 0 has ratio 1 by construction
+    first = int(np.argmax(viol)) if viol.any() else None
+    return {
+        "n_steps": int(r["n_steps"]), "wall_s": float(r["wall"]), "cpu_s": float(r["cpu"]),
+        "field_interval": int(r["field_interval"]), "min_f0": float(mn[0]), "min_f_end": float(mn[-1]),
+        "bound_end": float(gw[-1]), "ratio_end": float(ratio[-1]), "min_ratio": float(ratio[i]),
+        "t_min_ratio": float(t[i]), "n_violations": int(viol.sum()),
+        "n_violations_beyond_tol": int((ratio < 1.0 - MAX_RATIO_TOL).sum()),
+        "first_violation_t": None if first is None else float(t[first]),
+        "max_relative_violation": float(max(0.0, 1.0 - ratio.min())),
+        "mass_drift": float(np.max(np.abs(r["mass"] - r["mass"][0]))),
+        "min_f_ever": float(mn.min()), "max_sup_div": float(r["sup_div"].max()),
+    }
 
 
 def analyze(a):
     out = {"setting": {"B": B.tolist(), "V": V.tolist(), "f0": "(1 + 0.3 x1 x2) / (4 pi)", "nside": a.nside,
-                       "t_end": a.t_end}, "runs": {}}
-    for b in a.betas:
-        f = a.out / f"raw_beta{b}.npz"
-        if not f.exists():
-            print(f"missing {f.name}")
-            continue
-        r = np.load(f)
-        t, mn, gw = r["time"], r["min"], r["gronwall"]
-        ratio = mn / gw
-        viol = ratio < 1.0
-        i = 1 + int(np.argmin(ratio[1:]))  # t = 0 has ratio 1 by construction
-        first = int(np.argmax(viol)) if viol.any() else None
-        out["runs"][b] = {
-            "n_steps": int(r["n_steps"]), "wall_s": float(r["wall"]), "cpu_s": float(r["cpu"]),
-            "field_interval": int(r["field_interval"]), "min_f0": float(mn[0]), "min_f_end": float(mn[-1]),
-            "bound_end": float(gw[-1]), "min_ratio": float(ratio[i]), "t_min_ratio": float(t[i]),
-            "n_violations": int(viol.sum()), "first_violation_t": None if first is None else float(t[first]),
-            "max_relative_violation": float(max(0.0, 1.0 - ratio.min())),
-            "mass_drift": float(np.max(np.abs(r["mass"] - r["mass"][0]))),
-            "max_sup_div": float(r["sup_div"].max()),
-        }
+                       "t_end": a.t_end, "max_ratio_tol": MAX_RATIO_TOL}, "runs": {}}
+    for lim in a.limiters:
+        for b in a.betas:
+            f = raw_path(a, lim, b)
+            if not f.exists():
+                print(f"missing {f.name}")
+                continue
+            out["runs"].setdefault(lim, {})[b] = run_stats(np.load(f))
     (a.out / "results.json").write_text(json.dumps(out, indent=1))
     L = [f"# Minimal density vs Gronwall bound (nside {a.nside}, t <= {a.t_end:g}, f0 = (1 + 0.3 x1 x2)/(4 pi))", "",
-         "| beta | field_interval | steps | wall s | min f_0 | min f_T | bound at T | min over t > 0 of (min f / bound) | at t | "
-         "violating steps | worst relative violation |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for b, r in out["runs"].items():
-        L.append(f"| {b} | {r['field_interval'] or '-'} | {r['n_steps']} | {r['wall_s']:.1f} | {r['min_f0']:.5f} | "
-                 f"{r['min_f_end']:.3e} | {r['bound_end']:.3e} | {r['min_ratio']:.4f} | {r['t_min_ratio']:.3f} | "
-                 f"{r['n_violations']} | {r['max_relative_violation']:.2e} |")
+         "| limiter | beta | field_interval | steps | CPU s | min f_0 | min f_T | bound at T | (min f / bound) at T | "
+         "min over t > 0 of (min f / bound) | at t | steps with ratio < 1 | steps with ratio < 1 - %g |" % MAX_RATIO_TOL,
+         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for lim, runs in out["runs"].items():
+        for b, r in runs.items():
+            L.append(f"| {lim} | {b} | {r['field_interval'] or '-'} | {r['n_steps']} | {r['cpu_s']:.1f} | "
+                     f"{r['min_f0']:.5f} | {r['min_f_end']:.3e} | {r['bound_end']:.3e} | {r['ratio_end']:.4g} | "
+                     f"{r['min_ratio']:.8f} | {r['t_min_ratio']:.3f} | {r['n_violations']} | "
+                     f"{r['n_violations_beyond_tol']} |")
     L.append("")
     (a.out / "results.md").write_text("\n".join(L))
     plot(a, out)
@@ -125,17 +152,23 @@ def plot(a, out):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(1, 2, figsize=(11, 4.2))
-    for k, b in enumerate(out["runs"]):
-        r = np.load(a.out / f"raw_beta{b}.npz")
-        c = f"C{k}"
-        ax[0].semilogy(r["time"], r["min"], c, label=f"beta = {b}: min f")
-        ax[0].semilogy(r["time"], r["gronwall"], c + "--", label=f"beta = {b}: bound")
-        ax[1].plot(r["time"], r["min"] / r["gronwall"], c, label=f"beta = {b}")
+    style = {"maximum": "-", "positivity": ":"}
+    for lim, runs in out["runs"].items():
+        for k, b in enumerate(runs):
+            r = np.load(raw_path(a, lim, b))
+            c = f"C{k}"
+            ls = style.get(lim, "-")
+            ax[0].semilogy(r["time"], r["min"], c + ls, label=f"{lim}, beta = {b}")
+            if lim == next(iter(out["runs"])):
+                ax[0].semilogy(r["time"], r["gronwall"], c + "--", lw=0.8)
+            ax[1].plot(r["time"], r["min"] / r["gronwall"], c + ls, label=f"{lim}, beta = {b}")
     ax[1].axhline(1.0, color="k", lw=0.8)
-    ax[0].set_xlabel("t"); ax[0].set_ylabel("min f_t  /  Gronwall bound (dashed)"); ax[0].legend(fontsize=7)
+    ax[0].set_xlabel("t"); ax[0].set_ylabel("min f_t  (dashed: Gronwall bound)"); ax[0].legend(fontsize=6)
+    ax[0].set_ylim(bottom=1e-21)
     ax[1].set_xlabel("t"); ax[1].set_ylabel("min f_t / bound (>= 1 expected)"); ax[1].set_yscale("log")
-    ax[1].legend(fontsize=7)
-    fig.suptitle(f"paper matrices, nside {a.nside}")
+    ax[1].set_ylim(1e-3, 10.0)
+    ax[1].legend(fontsize=6)
+    fig.suptitle(f"paper matrices, nside {a.nside}; solid: limiter maximum, dotted: positivity")
     fig.tight_layout()
     fig.savefig(a.out / "min_density.png", dpi=110)
     plt.close(fig)
@@ -145,10 +178,16 @@ def main(argv=None):
     a = parse(argv)
     os.makedirs(a.out, exist_ok=True)
     if a.part in ("all", "solve"):
-        for b in a.betas:
-            solve_one(a, b)
+        for lim in a.limiters:
+            for b in a.betas:
+                solve_one(a, b, lim)
     if a.part in ("all", "analyze"):
-        return analyze(a)
+        out = analyze(a)
+        bad = {b: r["min_ratio"] for b, r in out["runs"].get("maximum", {}).items()
+               if not r["min_ratio"] >= 1.0 - MAX_RATIO_TOL}
+        if bad:
+            raise SystemExit(f"limiter 'maximum' violates the Gronwall bound beyond {MAX_RATIO_TOL:g}: {bad}")
+        return out
     return None
 
 
