@@ -112,7 +112,7 @@ def interaction_energy(points, weights, B, beta: float, log: bool = False) -> fl
 
 def concentration_diagnostics(points, weights, B, V, p: float = 0.25, limit=None, cost: str = "chordal",
                               spectral: SpectralData | None = None, strict_vp: bool = True,
-                              wasserstein_kwargs: dict | None = None) -> dict:
+                              wasserstein_kwargs: dict | None = None, grid=None) -> dict:
     r"""The paper's plotted quantities for one measure rho = sum_i w_i delta_{x_i}.
 
     Parameters
@@ -134,6 +134,10 @@ def concentration_diagnostics(points, weights, B, V, p: float = 0.25, limit=None
         Passed to :func:`spherepde.spectral.lyapunov_vp` as ``strict``.
     wasserstein_kwargs : dict, optional
         Extra arguments of :func:`spherepde.wasserstein.wasserstein2` (``max_size``, ``coarsen``).
+    grid : Grid, optional
+        For a grid density ``(grid.centers, f * grid.areas)`` on S^2: V_p by the grid path of
+        :func:`spherepde.spectral.lyapunov_vp` (the exact singular weight integrated over each cell)
+        instead of the sum over the centres, which is wrong for HEALPix (centres on E^perp).
 
     Returns
     -------
@@ -148,7 +152,7 @@ def concentration_diagnostics(points, weights, B, V, p: float = 0.25, limit=None
         "alignment_E": alignment(x, w, s.E),
         "alignment_F": alignment(x, w, s.F),
         "alignment_F_abs": alignment(x, w, s.F_abs),
-        "V_p": lyapunov_vp(x, w, s.E, p, strict=strict_vp),
+        "V_p": lyapunov_vp(x, w, s.E, p, strict=strict_vp, grid=grid),
         "p": float(p),
         "w2_limit": np.nan,
     }

@@ -205,9 +205,10 @@ def concentration_series(result, p: float = 0.25) -> dict:
     out = {k: [] for k in keys}
     k = s.E.shape[0]
     p_eff = p if 2 * p < k else 0.5 * k * 0.5
+    vp_grid = grid if getattr(grid, "dim", None) == 3 else None  # V_p's grid path (exact cell weights) on S^2
     for f in result.density:
         d = concentration_diagnostics(grid.centers, f * grid.areas, model.B, model.V, p=p_eff, limit=limit,
-                                      spectral=s, strict_vp=False)
+                                      spectral=s, strict_vp=False, grid=vp_grid)
         for kk in keys:
             out[kk].append(d[kk])
     out = {kk: np.array(v, dtype=float) for kk, v in out.items()}

@@ -98,3 +98,18 @@ def test_concentration_diagnostics_paper_setting():
                                                                                                  strict=False)
     with pytest.raises(ValueError, match="V_p is infinite"):
         concentration_diagnostics(x0, w, B_PAPER, V_PAPER, p=0.5)
+
+
+def test_concentration_diagnostics_grid_vp():
+    """A HEALPix density: with ``grid`` V_p integrates the singular weight over each cell (exact for the
+    uniform density: B(1/2 - p, 1 + p)/2 = 1.8541 at p = 0.25, to round-off); the sum over the centres
+    is dominated by the centres on E^perp (x1 = 6e-17)."""
+    from scipy.special import beta
+
+    from spherepde import HealpixGrid
+
+    g = HealpixGrid(4)
+    w = np.full(g.n_cells, 1.0 / g.n_cells)
+    d = concentration_diagnostics(g.centers, w, B_PAPER, V_PAPER, p=0.25, grid=g)
+    assert d["V_p"] == pytest.approx(0.5 * beta(0.25, 1.25), rel=1e-12)
+    assert concentration_diagnostics(g.centers, w, B_PAPER, V_PAPER, p=0.25)["V_p"] > 1e3
