@@ -6,6 +6,10 @@ fexp_ftz(x)
     The same, but 0 wherever exp(x) would be subnormal (x < -708.40): subnormal operands cost
     ~100 cycles each on x86, so hot sums whose terms are relative to a largest term of order 1 use
     this one (a dropped term is < 2.3e-308 times its weight).
+fexp_floor(x)
+    exp(max(x, EXP_FLOOR)) for x <= 0: the cheapest form (no flush, no upper clamp, never subnormal),
+    for hot sums that can afford a floor of exp(-600) = 2.6e-261 (relative to a largest term >= 1e-200
+    after normalising the weights to <= 1, N such terms change nothing at any tolerance).
 fexp(x)
     exp(x) for float64 x <= 0 (also correct up to x = 660), relative error <= 3e-14 on [-708, 0]
     (normal results), exactly 0 below -745.2 and for x = -inf. Inlined at every call site.
@@ -27,7 +31,7 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["fexp", "fexp_ftz", "EXP_UNDERFLOW", "EXP_FTZ"]
+__all__ = ["fexp", "fexp_ftz", "fexp_floor", "EXP_UNDERFLOW", "EXP_FTZ", "EXP_FLOOR"]
 
 #: Below this argument exp(x) rounds to 0 in float64 (half the smallest subnormal).
 EXP_UNDERFLOW = -745.1332191019412
@@ -35,12 +39,18 @@ EXP_UNDERFLOW = -745.1332191019412
 #: Below this argument exp(x) is subnormal (< 2^-1022); :func:`fexp_ftz` returns 0 there.
 EXP_FTZ = -708.3964185322641
 
+#: :func:`fexp_floor` returns exp(EXP_FLOOR) = 2.6e-261 for every argument below this.
+EXP_FLOOR = -600.0
+
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.6931471803691238  # ln 2 with the low 32 bits of the mantissa cleared: k * LN2_HI is exact
 _LN2_LO = 1.9082149292705877e-10
 # 1.5 * 2^52: adding it rounds to the nearest integer and leaves that integer in the low mantissa bits
 _SHIFTER = 6755399441055744.0
 _SHIFTER_BITS = 0x4338000000000000
+# the same plus the exponent bias: the low 11 bits of the sum's mantissa are k + 1023 (0 <= k + 1023 < 2048),
+# and shifting the bits left by 52 drops everything above them
+_SHIFTER_BIASED = _SHIFTER + 1023.0
 _TWO_M60 = 2.0**-60
 
 # 1/n! for n = 2..11 (Taylor: |r|^12/12! <= 6.4e-15 relative on |r| <= ln(2)/2)
@@ -129,3 +139,26 @@ def fexp_ftz(x):
     # clamp first: a subnormal intermediate costs the same microcode assist even if discarded
     e = fexp(max(x, EXP_FTZ))
     return e if x >= EXP_FTZ else 0.0
+
+
+@nb.njit(inline="always")
+def fexp_floor(x):
+    """exp(max(x, EXP_FLOOR)) for x <= 0 (valid up to x = 709): 2^k from the bits of k + 1023 directly.
+
+    About 10% fewer vector instructions than :func:`fexp_ftz` (no upper clamp, no flush select, no
+    second scaling), the same polynomial: relative error <= 9e-15 compiled alone, <= 3.3e-14 inlined
+    with 'reassoc'. The result is never subnormal (>= 2.6e-261), so multiplying it by a weight <= 1
+    stays normal unless the weight is below ~1e-47.
+    """
+    x = max(x, EXP_FLOOR)
+    kf = np.floor(x * _LOG2E + 0.5)
+    scale = _i2f(_f2i(kf + _SHIFTER_BIASED) << 52)
+    r = x - kf * _LN2_HI
+    r = r - kf * _LN2_LO
+    r2 = r * r
+    r4 = r2 * r2
+    r8 = r4 * r4
+    q0 = (1.0 + r) + (_C2 + _C3 * r) * r2
+    q1 = (_C4 + _C5 * r) + (_C6 + _C7 * r) * r2
+    q2 = (_C8 + _C9 * r) + (_C10 + _C11 * r) * r2
+    return (q0 + q1 * r4 + q2 * r8) * scale
