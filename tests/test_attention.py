@@ -6,7 +6,7 @@ import healpy as hp
 import numpy as np
 import pytest
 
-from spherepde.kernels.fastexp import EXP_UNDERFLOW, fexp
+from spherepde.kernels.fastexp import EXP_FLOOR, EXP_UNDERFLOW, fexp, fexp_floor
 from spherepde.models.attention import METHODS, Attention, SourceBlocks
 
 FAST = ["pruned", "spectral", "auto"]
@@ -72,6 +72,19 @@ def test_fastexp_accuracy():
     assert np.max(np.abs(got[normal] - ref[normal]) / ref[normal]) <= 3e-14
     assert np.max(np.abs(got[~normal] - ref[~normal])) <= 2.3e-308 * 3e-14 + 5e-324
     assert ev(np.array([-746.0, -1e4, -np.inf, 0.0])).tolist() == [0.0, 0.0, 0.0, 1.0]
+
+    @njit
+    def ev_floor(a):
+        out = np.empty_like(a)
+        for i in range(a.size):
+            out[i] = fexp_floor(a[i])
+        return out
+
+    # the floored variant: same polynomial (<= 3e-14 relative) on [EXP_FLOOR, 0], exp(EXP_FLOOR) below
+    xf = x[x >= EXP_FLOOR]
+    assert np.max(np.abs(ev_floor(xf) - np.exp(xf)) / np.exp(xf)) <= 3e-14
+    low = ev_floor(np.array([EXP_FLOOR - 1.0, -1e4, -np.inf]))
+    assert np.all(np.abs(low - np.exp(EXP_FLOOR)) <= 3e-14 * np.exp(EXP_FLOOR))
 
 
 def test_uniform_density_exact_formula():
@@ -242,3 +255,56 @@ def test_spectral_tail_and_fast_path_used():
     assert model._cache["spectral_flagged"] == 0
     ref = Attention(np.diag([1.0, 0.7, 0.4]), np.eye(3), 8.0, method="direct").mean_field(y, y, w)
     assert np.abs(m - ref).max() <= 1e-12
+
+
+# ---------------------------------------------------------------------------------------------------
+# fast-transform spectral path (ducc0): Chebyshev interpolation in kappa with a rigorous bound
+def test_interp_bound_is_an_upper_bound():
+    pytest.importorskip("ducc0")
+    from spherepde.kernels.funk_hecke import interp_bound, nodes
+
+    # the true max over kappa in [a, b] and s in [0, 2] of |exp(-kappa s) - interpolant| (dense grids,
+    # barycentric formula as in spectral_sums) must not exceed the bound; floor 2e-15 = rounding of the
+    # interpolation itself (bounded separately, a posteriori, in spectral_sums)
+    for a, b, n in ((55.0, 72.0, 8), (55.0, 72.0, 12), (5.5, 17.6, 10), (0.0, 1.6, 6), (55.0, 160.0, 20)):
+        kn = nodes(a, b, n)
+        s = np.linspace(0.0, 2.0, 2001)[:, None]
+        kk = np.linspace(a, b, 1501)
+        bw = (-1.0) ** np.arange(n + 1)
+        bw[0] *= 0.5
+        bw[-1] *= 0.5
+        d = kk[:, None] - kn[None, :]
+        keep = (d != 0).all(axis=1)
+        t = bw / d[keep]
+        lag = t / t.sum(axis=1, keepdims=True)
+        err = np.abs(np.exp(-kn[None, :] * s) @ lag.T - np.exp(-s * kk[keep][None, :])).max()
+        assert err <= interp_bound(a, b, n) + 2e-15, (a, b, n)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fast_spectral_within_tol(kind, monkeypatch):
+    # the ducc0 path at small size (forced on): |m_hat - m| <= tol at every target against the direct
+    # kernel (exact to ~1e-15 here), general and conformal B, kappa ranges needing L > 40 (the path is
+    # used only there); tol = 1e-10 and 1e-8 (below ~6e-11 the transform-error model cannot pass)
+    pytest.importorskip("ducc0")
+    import spherepde.models.attention as att
+
+    monkeypatch.setattr(att, "FAST_SPECTRAL_MIN_WORK", 0.0)
+    rng = np.random.default_rng(11 + KINDS.index(kind))
+    y = pix(16)
+    w = density(kind, y, rng) * 4 * np.pi / len(y)
+    x = rng.normal(size=(400, 3))
+    x /= np.linalg.norm(x, axis=1)[:, None]
+    x = np.vstack([x, y[::9]])
+    nfast = 0
+    for beta, B in ((30.0, random_B(rng)), (100.0, random_B(rng)), (60.0, 1.3 * np.eye(3))):
+        ref = Attention(B, np.eye(3), beta, method="direct").mean_field(x, y, w)
+        for tol in (1e-10, 1e-8):
+            model = Attention(B, np.eye(3), beta, tol=tol, method="spectral")
+            m = model.mean_field(x, y, w)
+            nfast += model._cache["spectral_path"] == "fast"  # (the in-house series where L <= 40)
+            assert np.all(np.isfinite(m))
+            assert np.abs(m - ref).max() <= tol + 2e-15, (beta, tol)
+    assert nfast >= 4
+    if kind == "smooth":  # the path must actually carry the smooth case (else it is pointless)
+        assert model._cache["spectral_flagged"] <= 0.05 * len(x)

@@ -20,6 +20,7 @@ import numpy as np
 
 from .._checks import as_matrix, as_points, finite_float
 from ..kernels import attention as _k
+from ..kernels import funk_hecke as _fh
 from .base import Model, tangent_project
 
 __all__ = ["Attention", "METHODS", "SourceBlocks"]
@@ -30,6 +31,13 @@ log = logging.getLogger(__name__)
 SPECTRAL_LMAX = 160
 #: "auto" uses the spectral path up to this degree (its cost grows as L^2 per point).
 SPECTRAL_AUTO_LMAX = 64
+#: Below this many kernel pairs (targets x sources) the fast-transform path is not worth its setup.
+FAST_SPECTRAL_MIN_WORK = 4e6
+#: Up to this degree the in-house series is as fast as the transforms (and meets tol = 1e-12): it is
+#: kept there even where the fast path is allowed.
+SPECTRAL_INHOUSE_LMAX = 40
+#: Largest degree of the fast-transform (ducc0) spectral path.
+SPECTRAL_LMAX_FAST = 400
 #: Sources heavier than HEAVY_RATIO x the median positive weight are summed directly in the spectral
 #: path (at most N / HEAVY_FRACTION of them).
 HEAVY_RATIO = 100.0
@@ -46,9 +54,12 @@ METHODS = ("auto", "direct", "pruned", "spectral")
 #: Sources per block and blocks per super-block of the pruned method.
 BLOCK = 64
 SUPER = 16
-#: Measured throughput of the direct kernel (kernel evaluations per second on 2 cores), for the
-#: cost model of ``method="auto"``.
-DIRECT_RATE = 1.0e9
+#: Measured throughput of the direct kernel (kernel evaluations per CPU second, AVX2), for the cost
+#: model of ``method="auto"``; the pruned method's exact sums run at about the same rate.
+DIRECT_RATE = 0.55e9
+#: The fast-transform spectral path (ducc0) is used only where its transform-error model can meet the
+#: bound: (1 + sqrt 3) NUFFT_SAFETY EPS_SHT Lebesgue (~2.5) rms/D (~3 for smooth f) <= 0.9 tol.
+FAST_SPECTRAL_MIN_TOL = (1.0 + math.sqrt(3.0)) * _fh.NUFFT_SAFETY * _fh.EPS_SHT * 2.5 * 3.0 / 0.9
 
 
 class SourceBlocks:
@@ -184,8 +195,15 @@ class Attention(Model):
       over-estimates the measured rounding errors 20-70 times). Targets whose bound exceeds 0.9 tol
       are recomputed by "pruned" or "direct". The heaviest sources (> 100 x the median weight, at most
       N / 32) are summed directly so that concentrated densities stay on the fast path.
-    - ``"auto"``: direct for N M <= 4e6; pruned when kappa is large enough to prune (median kappa >
-      2 (log(N / 64 / tol) + 3)); else spectral when d = 3 and L <= 64; else direct.
+      Where tol >= FAST_SPECTRAL_MIN_TOL (~6e-11), N M > 4e6 and L > 40, "spectral" instead uses the
+      fast transforms of :mod:`spherepde.kernels.funk_hecke` (ducc0): targets binned by kappa,
+      Chebyshev interpolation in kappa with a rigorous interpolation and truncation bound plus a
+      transform-error model (margin >= 20 over measured errors); flagged targets again go to
+      "pruned" or "direct". (Below that tol the transform error model cannot meet the bound.)
+    - ``"auto"``: direct for N M <= 4e6. Where the fast spectral path is allowed (tol >= ~6e-11):
+      the cheapest of direct, pruned and spectral by a CPU-time model. Otherwise pruned when kappa is
+      large enough to prune (median kappa > 2 (log(N / 64 / tol) + 3)); else spectral when d = 3 and
+      L <= 64; else direct.
     """
 
     B: np.ndarray
@@ -244,10 +262,37 @@ class Attention(Model):
         frac = (math.log(max(N / BLOCK, 1.0) / self.tol) + 3.0) / max(kt, 1e-300)
         return frac < 0.5
 
+    def _fast_spectral_ok(self):
+        return self.dim == 3 and _fh.available() and self.tol >= FAST_SPECTRAL_MIN_TOL
+
+    def _fast_plan(self, kappa):
+        """(estimated CPU seconds, plan, sorting order) of the fast-transform spectral path."""
+        key = ("fast_plan", kappa.shape[0], float(kappa.min()), float(kappa.max()), float(kappa.sum()))
+        hit = self._cache.get("fast_plan")
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        order = np.argsort(kappa, kind="stable")
+        ks = kappa[order]
+        goal = 0.1 * self.tol / (2.8 * (2.0 * float(ks[-1]) + 1.0))
+        cost, bins = _fh.plan(ks, goal, SPECTRAL_LMAX_FAST)
+        res = (cost, bins, order)
+        self._cache["fast_plan"] = (key, res)
+        return res
+
     def _choose(self, kappa, N, M):
         """The method "auto" uses for these targets (kappa) and N sources."""
         if N * M <= 4e6:
             return "direct"
+        if self._fast_spectral_ok():
+            # CPU-second estimates: direct, pruned (fraction (log(nb / eps) + 3) / kappa of the sources,
+            # plus the block bounds), fast spectral (its plan's model, + the fallback it may need)
+            t_direct = N * M / DIRECT_RATE
+            kt = float(np.median(kappa))
+            frac = min(1.0, 1.2 * (math.log(max(N / BLOCK, 1.0) / self.tol) + 3.0) / max(kt, 1e-300))
+            t_pruned = N * M * frac / DIRECT_RATE + M * (N / BLOCK) * 4e-9
+            t_spec = self._fast_plan(kappa)[0] * 1.3 + 0.02
+            best = min(t_direct, t_pruned, t_spec)
+            return "direct" if best == t_direct else ("pruned" if best == t_pruned else "spectral")
         if self._prefer_pruned(kappa, N):
             return "pruned"
         if self.dim == 3 and self.spectral_degree(float(kappa.max()))[0] <= SPECTRAL_AUTO_LMAX:
@@ -312,7 +357,13 @@ class Attention(Model):
             else:
                 if d != 3:
                     raise ValueError("method 'spectral' is implemented for d = 3 only")
-                self._spectral(U, kappa, y, w, out)
+                if (self._fast_spectral_ok() and M * N > FAST_SPECTRAL_MIN_WORK
+                        and self.spectral_degree(float(kappa.max()))[0] > SPECTRAL_INHOUSE_LMAX):
+                    self._cache["spectral_path"] = "fast"
+                    self._spectral_fast(U, kappa, y, w, out)
+                else:
+                    self._cache["spectral_path"] = "inhouse"
+                    self._spectral(U, kappa, y, w, out)
         return out
 
     def spectral_degree(self, kappa_max: float) -> tuple[int, int]:
@@ -329,6 +380,45 @@ class Attention(Model):
         while L <= SPECTRAL_LMAX and _k.sph_tail(kappa_max, L, ext) > goal:
             L += 1
         return L, ext
+
+    def _heavy_split(self, w):
+        """Sources summed directly (weights > HEAVY_RATIO x the median positive weight, at most
+        N / HEAVY_FRACTION of them) and the light weights left to the series."""
+        N = w.shape[0]
+        pos = w[w > 0]
+        heavy = w > HEAVY_RATIO * np.median(pos)
+        if heavy.sum() > N // HEAVY_FRACTION:
+            heavy = np.zeros(N, dtype=bool)
+            heavy[np.argpartition(w, N - N // HEAVY_FRACTION)[N - N // HEAVY_FRACTION:]] = True
+        return heavy, np.where(heavy, 0.0, w)
+
+    def _spectral_fast(self, U, kappa, y, w, out):
+        """Fast-transform Funk-Hecke path (ducc0, Chebyshev interpolation in kappa); targets whose
+        bound (1 + sqrt 3) delta / D_hat exceeds 0.9 tol are recomputed by a guaranteed method."""
+        M = U.shape[0]
+        cost, bins, order = self._fast_plan(kappa)
+        if bins is None:
+            self._cache["spectral_flagged"] = M
+            return self._fallback(np.ones(M, dtype=bool), U, kappa, y, w, out)
+        heavy, wl = self._heavy_split(w)
+        F, delta = _fh.spectral_sums(U, kappa, y, wl, bins, order, numba.get_num_threads())
+        if heavy.any():
+            Fh = np.empty((M, 4))
+            _k.direct3_sums(U, kappa, np.ascontiguousarray(y[heavy].T), np.ascontiguousarray(w[heavy]), Fh)
+            F += Fh
+        eps = np.finfo(float).eps
+        D = F[:, 0]
+        delta = delta + 64.0 * eps * np.abs(D)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            bound = (1.0 + math.sqrt(3.0)) * delta / D
+        ok = (D > 1e-250) & (bound <= 0.9 * self.tol)
+        out[ok] = F[ok, 1:] / D[ok, None]
+        bad = ~ok
+        self._cache["spectral_flagged"] = int(bad.sum())
+        self._cache["spectral_degree"] = max(b[4] for b in bins)
+        self._cache["spectral_plan"] = [(b[2], b[3], b[4], b[5], b[1] - b[0]) for b in bins]
+        self._cache["spectral_heavy"] = int(heavy.sum())
+        return self._fallback(bad, U, kappa, y, w, out)
 
     def _spectral(self, U, kappa, y, w, out):
         """Funk-Hecke evaluation with a per-target error bound; flagged targets are recomputed.
