@@ -701,20 +701,25 @@ def direct3_sums(U, kappa, S, W, out):
 
 
 @nb.njit(fastmath=_FM, inline="always")
-def _lb3(ux, uy, uz, C, cr, sr, logm, kap, k):
-    """:func:`_logbound` for d = 3 with C stored (n, 3)."""
-    c = ux * C[k, 0] + uy * C[k, 1] + uz * C[k, 2]
-    if c >= cr[k]:
-        cd = 1.0
-    else:
+def _lb3_range(ux, uy, uz, C, cr, sr, logm, kap, k0, n, res):
+    """:func:`_logbound` for clusters k0 .. k0 + n - 1 into res[k0:k0 + n], branch-free (vectorises);
+    C is (3, n) (structure of arrays)."""
+    cx = C[0]
+    cy = C[1]
+    cz = C[2]
+    for kk in range(n):
+        k = k0 + kk
+        c = ux * cx[k] + uy * cy[k] + uz * cz[k]
         cd = min(c * cr[k] + math.sqrt(max(1.0 - c * c, 0.0)) * sr[k], 1.0)
-    return logm[k] + kap * (cd - 1.0)
+        cd = 1.0 if c >= cr[k] else cd
+        res[k] = logm[k] + kap * (cd - 1.0)
 
 
 @nb.njit(parallel=True, fastmath=_FM, cache=True)
 def pruned3(U, kappa, S, W, LW, bstart, bc, bcr, bsr, blogm, sstart, sc, scr, ssr, slogm, eps, out, nsum):
-    """:func:`pruned` specialised to d = 3 (scalar accumulators, block centres ``bc``, ``sc`` as
-    (n, 3) arrays); same arguments, same guarantee."""
+    """:func:`pruned` specialised to d = 3 (scalar accumulators; block and super-block centres ``bc``,
+    ``sc`` as (3, n) arrays; bounds computed in vectorised loops, each block's bound at most once
+    per target); same arguments, same guarantee."""
     M = U.shape[0]
     nbk = bstart.shape[0] - 1
     ns = sstart.shape[0] - 1
@@ -726,23 +731,28 @@ def pruned3(U, kappa, S, W, LW, bstart, bc, bcr, bsr, blogm, sstart, sc, scr, ss
     nchunk = (M + 63) // 64
     for c in nb.prange(nchunk):
         Ls = np.empty(ns)
+        Lb = np.empty(nbk)
+        done = np.zeros(ns, dtype=np.bool_)
         for i in range(c * 64, min(M, c * 64 + 64)):
             ux = U[i, 0]
             uy = U[i, 1]
             uz = U[i, 2]
             kap = kappa[i]
             h = 0.5 * kap
+            _lb3_range(ux, uy, uz, sc, scr, ssr, slogm, kap, 0, ns, Ls)
             best = -np.inf
             sbest = 0
             for s in range(ns):
-                v = _lb3(ux, uy, uz, sc, scr, ssr, slogm, kap, s)
-                Ls[s] = v
-                if v > best:
-                    best = v
+                done[s] = False
+                if Ls[s] > best:
+                    best = Ls[s]
                     sbest = s
+            k0 = sstart[sbest]
+            _lb3_range(ux, uy, uz, bc, bcr, bsr, blogm, kap, k0, sstart[sbest + 1] - k0, Lb)
+            done[sbest] = True
             best = -np.inf
-            for k in range(sstart[sbest], sstart[sbest + 1]):
-                best = max(best, _lb3(ux, uy, uz, bc, bcr, bsr, blogm, kap, k))
+            for k in range(k0, sstart[sbest + 1]):
+                best = max(best, Lb[k])
             cut = best - NEAR
             sig = 0.0
             started = False
@@ -759,8 +769,12 @@ def pruned3(U, kappa, S, W, LW, bstart, bc, bcr, bsr, blogm, sstart, sc, scr, ss
                     if Ls[s] < thr:
                         continue
                     near = Ls[s] >= cut
-                    for k in range(sstart[s], sstart[s + 1]):
-                        lk = _lb3(ux, uy, uz, bc, bcr, bsr, blogm, kap, k)
+                    k0 = sstart[s]
+                    if not done[s]:
+                        _lb3_range(ux, uy, uz, bc, bcr, bsr, blogm, kap, k0, sstart[s + 1] - k0, Lb)
+                        done[s] = True
+                    for k in range(k0, sstart[s + 1]):
+                        lk = Lb[k]
                         if lk < thr or (ps == 1 and near and lk >= cut):
                             continue
                         j0 = bstart[k]

@@ -513,8 +513,8 @@ class Attention(Model):
         # |m_hat - m| <= 2 eps / (1 - eps); the factor 0.45 leaves room for rounding
         eps = 0.45 * self.tol
         if self.dim == 3:
-            _k.pruned3(U, kappa, sb.S, ws, lw, sb.bstart, sb.bcT, sb.bcr, sb.bsr, blogm,
-                       sb.sstart, sb.scT, sb.scr, sb.ssr, slogm, eps, out, nsum)
+            _k.pruned3(U, kappa, sb.S, ws, lw, sb.bstart, sb.bc, sb.bcr, sb.bsr, blogm,
+                       sb.sstart, sb.sc, sb.scr, sb.ssr, slogm, eps, out, nsum)
         else:
             _k.pruned(U, kappa, sb.S, ws, lw, sb.bstart, sb.bc, sb.bcr, sb.bsr, blogm,
                       sb.sstart, sb.sc, sb.scr, sb.ssr, slogm, eps, out, nsum)
