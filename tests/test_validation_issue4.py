@@ -60,6 +60,8 @@ def _check_corollary2(out, rate_tol):
         for p, v in r["vp"].items():
             vals = np.array(v["values"])
             assert np.all(np.diff(vals) < 0), (ns, p)  # V_p decays
+            # the grid path of lyapunov_vp is exact for the uniform f0 (round-off: measured 1e-15)
+            assert abs(vals[0] / out["vp0_exact"][str(float(p))] - 1) < 1e-12, (ns, p, vals[0])
             # Corollary 2 bound, with V_p(rho_0) exact for the uniform density
             bound = np.sqrt(2 * out["vp0_exact"][str(float(p))]) * np.exp(-float(p) * 2.0 * t)
             assert np.all(w2 <= bound * (1 + 1e-9)), (ns, p)
