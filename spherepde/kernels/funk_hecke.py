@@ -60,9 +60,9 @@ EPS = float(np.finfo(float).eps)
 NMAX = 40
 MAX_BINS = 8
 #: Cost model (CPU seconds, measured on the 2-core AVX2 machine): per synthesis call and per point.
-T_CALL = 2e-4
+T_CALL = 7e-5
 T_LL = 6e-8
-T_POINT = 7e-8
+T_POINT = 6.6e-8
 
 
 def available() -> bool:
