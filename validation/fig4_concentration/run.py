@@ -35,10 +35,7 @@ from validation.fig3_density.common import (PAPER_B, PAPER_V, grid_measures, mac
 BETAS = (30.0, 100.0, 300.0, 1000.0, np.inf)
 T_END = 20.0
 DT_SAVE = 0.25
-NSIDES = (8, 16, 32)
-NSIDES_ALL_BETAS = (8, 16)
-BETAS_FINE = (30.0, 100.0, np.inf)  # nside 32, perturbed f0; uniform f0 only 100 and inf (beta = 100 reused
-# from fig3_density when that has run at nside 32)
+NSIDES = (8, 16, 32, 64)  # every beta and both f0 at every resolution: grid independence (issue 6)
 SEEDS = (0, 1, 2, 3, 4)
 EXTENDED = [(16, "perturbed", 30.0, 40.0), (16, "perturbed", 100.0, 50.0)]  # does the density reach F after the intermediate state?
 
@@ -64,9 +61,7 @@ def plan(quick, nsides):
         return [(6, "uniform", 100.0), (6, "uniform", np.inf)]
     runs = []
     for n in nsides:
-        bs = BETAS[::-1] if n in NSIDES_ALL_BETAS else BETAS_FINE  # the finest grid: what the machine affords
-        runs += [(n, "perturbed", b) for b in bs]
-        runs += [(n, "uniform", b) for b in bs if n in NSIDES_ALL_BETAS or b in (100.0, np.inf)]
+        runs += [(n, f0, b) for f0 in ("perturbed", "uniform") for b in BETAS[::-1]]
     return runs
 
 
