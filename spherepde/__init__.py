@@ -25,7 +25,8 @@ from .particles import ParticleResult, particle_velocity, simulate_particles
 from .sampling import (sample_grid_density, sample_uniform, sample_vmf, sample_vmf_mixture,
                        vmf_mean_resultant)
 from .solver import Options, Result, Solver, solve
-from .spectral import SpectralData, limit_measure, lyapunov_vp, projection, spectral_data, vp_cell_averages
+from .spectral import (SpectralData, limit_measure, lyapunov_vp, lyapunov_vp_uniform, projection, spectral_data,
+                       vp_cell_averages)
 from .wasserstein import coarsen_measure, wasserstein2, wasserstein2_two_atoms
 
 __version__ = "0.1.0"
@@ -36,6 +37,6 @@ __all__ = [
     "coarsen_measure", "concentration_diagnostics", "exact_cell_averages", "exact_zero_temperature",
     "interaction_energy", "limit_measure", "load", "save_result", "write_fits", "lyapunov_vp", "particle_velocity", "projection",
     "sample_grid_density", "sample_uniform", "sample_vmf", "sample_vmf_mixture", "simulate_particles",
-    "solve", "spectral_data", "vmf_mean_resultant", "vp_cell_averages", "wasserstein2", "wasserstein2_two_atoms",
+    "solve", "spectral_data", "vmf_mean_resultant", "vp_cell_averages", "lyapunov_vp_uniform", "wasserstein2", "wasserstein2_two_atoms",
     "__version__",
 ]

@@ -29,6 +29,7 @@ import numpy as np
 from ._checks import as_matrix, finite_float
 
 __all__ = ["SpectralData", "spectral_data", "projection", "limit_measure", "lyapunov_vp", "vp_cell_averages",
+           "lyapunov_vp_uniform",
            "as_basis", "PERP_TOL", "MAX_CONDITION"]
 
 #: Points with |P_E x| <= PERP_TOL are treated as lying on E^perp, where Pi is undefined.
@@ -403,6 +404,31 @@ def lyapunov_vp(points, weights, E, p: float, strict: bool = True, *, grid=None)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(pos, (perp2 / np.where(pe2 > 0, pe2, 1.0)) ** p, 0.0)
     return float(np.sum(w * ratio))
+
+
+def lyapunov_vp_uniform(d: int, k: int, p: float) -> float:
+    r"""V_p of the uniform probability measure on S^{d-1} for a subspace E of dimension k, exactly.
+
+    With x uniform, r = |P_E x|^2 has the Beta(k/2, (d-k)/2) law, so
+    V_p = E[((1 - r)/r)^p] = B(k/2 - p, (d-k)/2 + p) / B(k/2, (d-k)/2)
+    (0 for k = d; infinite when 2p >= k, which is an error here). Examples: d = 3, k = 1:
+    B(1/2 - p, 1 + p)/2; d = 2, k = 1: 1/cos(pi p).
+    """
+    from scipy.special import betaln
+
+    d = int(d)
+    k = int(k)
+    if d < 2:
+        raise ValueError(f"d must be an integer >= 2, got {d}")
+    if not 1 <= k <= d:
+        raise ValueError(f"k (dim E) must be in 1..d = 1..{d}, got {k}")
+    p = finite_float(p, "p", low=0.0, high=1.0, low_open=True)
+    if 2 * p >= k:
+        raise ValueError(f"V_p is infinite when 2p >= dim E: p = {p:g}, k = {k} (allowed: p < {k / 2:g})")
+    if k == d:
+        return 0.0
+    a, b = 0.5 * k, 0.5 * (d - k)
+    return float(np.exp(betaln(a - p, b + p) - betaln(a, b)))
 
 
 # ---------------------------------------------------------------------------------------------------

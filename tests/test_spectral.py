@@ -235,3 +235,33 @@ def test_lyapunov_vp_grid_strict_and_infinite():
     assert np.isfinite(lyapunov_vp(g.centers, w2, [[1.0, 0.0, 0.0]], 0.5, strict=False, grid=g))
     with pytest.raises(ValueError, match="weights must have shape"):
         lyapunov_vp(g.centers, w[:-1], [[1.0, 0.0, 0.0]], 0.25, grid=g)
+
+
+@pytest.mark.parametrize("d,k,p", [(2, 1, 0.45), (3, 1, 0.25), (3, 1, 0.45), (3, 2, 0.7), (4, 3, 1.0), (5, 2, 0.3)])
+def test_lyapunov_vp_uniform_against_quadrature(d, k, p):
+    """The closed form B(k/2 - p, (d-k)/2 + p)/B(k/2, (d-k)/2) against an independent route: adaptive
+    quadrature of ((1 - r)/r)^p against the Beta(k/2, (d-k)/2) density of r = |P_E x|^2 (substituting
+    r = s^2 to soften the endpoint singularity). quad reaches ~1e-10 relative on these integrands."""
+    from scipy import integrate, stats
+
+    from spherepde import lyapunov_vp_uniform
+
+    dens = stats.beta(k / 2, (d - k) / 2)
+    val, _ = integrate.quad(lambda s: ((1 - s * s) / (s * s)) ** p * dens.pdf(s * s) * 2 * s, 0, 1, limit=400)
+    assert abs(lyapunov_vp_uniform(d, k, p) - val) < 1e-8 * val
+
+
+def test_lyapunov_vp_uniform_closed_forms_and_errors():
+    from spherepde import HealpixGrid, lyapunov_vp_uniform
+
+    assert abs(lyapunov_vp_uniform(2, 1, 0.3) - 1 / np.cos(0.3 * np.pi)) < 1e-13
+    assert lyapunov_vp_uniform(3, 3, 0.5) == 0.0
+    # the grid path for the uniform density on HEALPix equals it (exact cell integrals)
+    g = HealpixGrid(4)
+    E = np.array([[1.0, 0.0, 0.0]])
+    assert abs(lyapunov_vp(g.centers, g.areas / g.total_area, E, 0.25, grid=g)
+               - lyapunov_vp_uniform(3, 1, 0.25)) < 1e-12
+    with pytest.raises(ValueError, match="p < 0.5"):
+        lyapunov_vp_uniform(3, 1, 0.5)
+    with pytest.raises(ValueError, match="k"):
+        lyapunov_vp_uniform(3, 4, 0.2)
