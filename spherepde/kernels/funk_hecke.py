@@ -96,8 +96,10 @@ def interp_bound(a: float, b: float, n: int) -> float:
     hw = 0.5 * (b - a)
     if hw <= 0.0:
         return 0.0
-    if n == 0:  # the midpoint value: |d/dkappa exp(-kappa s)| = s exp(-kappa s) <= 2 (kappa >= 0)
-        return min(1.0, 2.0 * hw)
+    if n == 0:
+        # the midpoint value: |exp(-kappa s) - exp(-c s)| <= hw max_s s exp(-a s) <= hw min(2, 1 / (e a));
+        # this is what a conformal B (all kappa equal up to rounding) gets
+        return min(1.0, hw * (2.0 if a <= 0.5 / math.e else min(2.0, 1.0 / (math.e * a))))
     half = hw * 0.5 * (_RHO + 1.0 / _RHO) - c  # (hw (rho + 1/rho) / 2 - c): log M / s
     # log M is linear (monotone) in s: its maximum over a cell [s_i, s_i+1] is at an end
     lm = np.maximum(_S[None, :-1] * half, _S[None, 1:] * half)
