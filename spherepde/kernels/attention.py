@@ -104,6 +104,13 @@ def _sum3_log(ux, uy, uz, h, sx, sy, sz, LW, shift, j0, n):
 
 
 @nb.njit(fastmath=_FM, inline="always")
+def _sum3_log_run(ux, uy, uz, h, sx, sy, sz, LW, shift, j0, j1):
+    """:func:`_sum3_log` over sources j0:j1, on slices (unit stride visible to LLVM: the loads
+    vectorise; with offsets into the whole arrays, inside pruned3, they were loaded lane by lane)."""
+    return _sum3_log(ux, uy, uz, h, sx[j0:j1], sy[j0:j1], sz[j0:j1], LW[j0:j1], shift, 0, j1 - j0)
+
+
+@nb.njit(fastmath=_FM, inline="always")
 def _max3_log(ux, uy, uz, h, sx, sy, sz, LW, j0, n):
     mx = -np.inf
     for jj in range(n):
@@ -704,15 +711,20 @@ def direct3_sums(U, kappa, S, W, out):
 def _lb3_range(ux, uy, uz, C, cr, sr, logm, kap, k0, n, res):
     """:func:`_logbound` for clusters k0 .. k0 + n - 1 into res[k0:k0 + n], branch-free (vectorises);
     C is (3, n) (structure of arrays)."""
-    cx = C[0]
-    cy = C[1]
-    cz = C[2]
-    for kk in range(n):
-        k = k0 + kk
+    # slices: unit stride visible to LLVM (offset indexing into the whole rows loads lane by lane)
+    k1 = k0 + n
+    cx = C[0, k0:k1]
+    cy = C[1, k0:k1]
+    cz = C[2, k0:k1]
+    crs = cr[k0:k1]
+    srs = sr[k0:k1]
+    lms = logm[k0:k1]
+    rs = res[k0:k1]
+    for k in range(n):
         c = ux * cx[k] + uy * cy[k] + uz * cz[k]
-        cd = min(c * cr[k] + math.sqrt(max(1.0 - c * c, 0.0)) * sr[k], 1.0)
-        cd = 1.0 if c >= cr[k] else cd
-        res[k] = logm[k] + kap * (cd - 1.0)
+        cd = min(c * crs[k] + math.sqrt(max(1.0 - c * c, 0.0)) * srs[k], 1.0)
+        cd = 1.0 if c >= crs[k] else cd
+        rs[k] = lms[k] + kap * (cd - 1.0)
 
 
 @nb.njit(parallel=True, fastmath=_FM, cache=True)
@@ -725,11 +737,11 @@ def pruned3(U, kappa, S, W, LW, bstart, bc, bcr, bsr, blogm, sstart, sc, scr, ss
     ns = sstart.shape[0] - 1
     logunits = math.log(nbk + ns)
     logeps = math.log(eps)
-    sx = S[0]
-    sy = S[1]
-    sz = S[2]
     nchunk = (M + 63) // 64
     for c in nb.prange(nchunk):
+        sx = S[0]
+        sy = S[1]
+        sz = S[2]
         Ls = np.empty(ns)
         Lb = np.empty(nbk)
         done = np.zeros(ns, dtype=np.bool_)
@@ -762,6 +774,10 @@ def pruned3(U, kappa, S, W, LW, bstart, bc, bcr, bsr, blogm, sstart, sc, scr, ss
             Nz = 0.0
             cnt = 0
             thr = cut
+            # accepted blocks are summed in runs of consecutive blocks (contiguous sources): one long
+            # vector loop instead of one short loop per block
+            p0 = 0
+            p1 = 0
             for ps in range(2):
                 if ps == 1:
                     thr = logeps + math.log(D) + sig - logunits
@@ -780,7 +796,14 @@ def pruned3(U, kappa, S, W, LW, bstart, bc, bcr, bsr, blogm, sstart, sc, scr, ss
                         j0 = bstart[k]
                         n = bstart[k + 1] - j0
                         if not started or lk > sig + RESCALE:
-                            mx = _max3_log(ux, uy, uz, h, sx, sy, sz, LW, j0, n)
+                            if p1 > p0:  # flush the pending run at the current shift first
+                                d, nx, ny, nz = _sum3_log_run(ux, uy, uz, h, sx, sy, sz, LW, sig, p0, p1)
+                                D += d
+                                Nx += nx
+                                Ny += ny
+                                Nz += nz
+                                p0 = p1
+                            mx = _max3_log(ux, uy, uz, h, sx[j0:j0 + n], sy[j0:j0 + n], sz[j0:j0 + n], LW[j0:j0 + n], 0, n)
                             if not started:
                                 sig = mx
                                 started = True
@@ -791,12 +814,23 @@ def pruned3(U, kappa, S, W, LW, bstart, bc, bcr, bsr, blogm, sstart, sc, scr, ss
                                 Ny *= f
                                 Nz *= f
                                 sig = mx
-                        d, nx, ny, nz = _sum3_log(ux, uy, uz, h, sx, sy, sz, LW, sig, j0, n)
-                        D += d
-                        Nx += nx
-                        Ny += ny
-                        Nz += nz
+                        if j0 != p1:
+                            if p1 > p0:
+                                d, nx, ny, nz = _sum3_log_run(ux, uy, uz, h, sx, sy, sz, LW, sig, p0, p1)
+                                D += d
+                                Nx += nx
+                                Ny += ny
+                                Nz += nz
+                            p0 = j0
+                        p1 = j0 + n
                         cnt += n
+                if p1 > p0:  # end of pass: D must be complete before the pass-2 threshold
+                    d, nx, ny, nz = _sum3_log_run(ux, uy, uz, h, sx, sy, sz, LW, sig, p0, p1)
+                    D += d
+                    Nx += nx
+                    Ny += ny
+                    Nz += nz
+                    p0 = p1
             out[i, 0] = Nx / D
             out[i, 1] = Ny / D
             out[i, 2] = Nz / D
