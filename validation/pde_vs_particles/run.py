@@ -34,14 +34,14 @@ def parse(argv=None):
                          "unless --cached-only")
     ap.add_argument("--w2-times", type=float, nargs="+", default=None, help="subset of save times for W2")
     ap.add_argument("--cached-only", action="store_true", help="analyze: skip (n, t) without a cached W2")
-    ap.add_argument("--nside", type=int, default=None, help="PDE resolution (full 32, quick 16)")
+    ap.add_argument("--nside", type=int, default=None, help="PDE resolution (full 64, quick 16)")
     ap.add_argument("--beta", type=float, default=100.0)
     ap.add_argument("--t-end", type=float, default=None, help="full 5, quick 1")
     ap.add_argument("--save-dt", type=float, default=1.0)
     ap.add_argument("--n", type=int, nargs="+", default=None, help="token counts (full 250 1000 4000 16000)")
     ap.add_argument("--dt", type=float, default=0.1, help="particle time step")
     ap.add_argument("--method", default="rk4", choices=["rk4", "euler"])
-    ap.add_argument("--field-interval", type=int, default=5, help="PDE field recomputation interval (0: every stage)")
+    ap.add_argument("--field-interval", type=int, default=10, help="PDE field recomputation interval (0: every stage)")
     ap.add_argument("--max-size", type=float, default=2.5e7, help="LP size limit n_a * n_b")
     ap.add_argument("--seed", type=int, default=2024)
     ap.add_argument("--out", default=None, help="output folder (default: this folder; quick: ./quick)")
@@ -51,7 +51,7 @@ def parse(argv=None):
         a.t_end = 0.5 if a.t_end is None else a.t_end
         a.n = a.n or [250, 1000, 4000]
         a.save_dt = 0.5
-    a.nside = a.nside or 32
+    a.nside = a.nside or 64
     a.t_end = 5.0 if a.t_end is None else a.t_end
     a.n = a.n or [250, 1000, 4000, 16000]
     a.out = Path(a.out) if a.out else (HERE / "quick" if a.quick else HERE)
