@@ -61,8 +61,8 @@ NMAX = 40
 MAX_BINS = 8
 #: Cost model (CPU seconds, measured on the 2-core AVX2 machine): per synthesis call and per point.
 T_CALL = 7e-5
-T_LL = 6e-8
-T_POINT = 6.6e-8
+T_LL = 1.5e-7
+T_POINT = 1e-7
 
 
 def available() -> bool:
