@@ -127,6 +127,72 @@ def side_moments(mom, cell_faces, cell_sign, side):
                     side[i, k, c] = 0.0
 
 
+@njit(inline="always")
+def _ls_gradient(i, f, stencil, coef):
+    """Least-squares gradient of f at cell i as scalars (g0, g1, g2, g3) (unused components 0)."""
+    S = stencil.shape[1]
+    d = coef.shape[2]
+    fi = f[i]
+    g0 = 0.0
+    g1 = 0.0
+    g2 = 0.0
+    g3 = 0.0
+    for k in range(S):
+        df = f[stencil[i, k]] - fi
+        g0 += coef[i, k, 0] * df
+        g1 += coef[i, k, 1] * df
+        if d > 2:
+            g2 += coef[i, k, 2] * df
+        if d > 3:
+            g3 += coef[i, k, 3] * df
+    return g0, g1, g2, g3
+
+
+@njit(inline="always")
+def _side_dot(i, k, side, g0, g1, g2, g3):
+    """g_i . Q for face slot k of cell i (Q from the cell-major moments ``side``)."""
+    d = side.shape[2] - 1
+    gq = g0 * side[i, k, 1] + g1 * side[i, k, 2]
+    if d > 2:
+        gq += g2 * side[i, k, 3]
+    if d > 3:
+        gq += g3 * side[i, k, 4]
+    return gq
+
+
+@njit(inline="always")
+def _positivity_theta(i, fi, g0, g1, g2, g3, side, area, dt):
+    """The positivity scaling theta in [0, 1] of cell i's gradient (see the module docstring)."""
+    if fi <= 0.0:
+        return 0.0
+    theta = 1.0
+    s0 = 0.0
+    s1 = 0.0
+    for k in range(side.shape[1]):
+        q = side[i, k, 0]
+        gq = _side_dot(i, k, side, g0, g1, g2, g3)
+        # outflow through this face, q fi + theta gq, must stay >= 0
+        if gq < 0.0 and q * fi + gq < 0.0:
+            theta = min(theta, (1.0 - OUTFLOW_MARGIN) * q * fi / (-gq))
+        s0 += q
+        s1 += gq
+    s0 *= fi
+    cap = (1.0 - OUTFLOW_MARGIN) * fi * area[i] / dt
+    if s1 > 0.0 and s0 + theta * s1 > cap:
+        theta = min(theta, max(cap - s0, 0.0) / s1)
+    return theta
+
+
+@njit(inline="always")
+def _stage_value(fa_i, fb_i, s, dt, area_i, alpha):
+    """alpha fa + (1 - alpha)(fb - dt s/|C|), in increment form when alpha > 0: near a steady state the
+    same products would round the same way every step and the mass would drift linearly (measured
+    6e-17 per step with SSP-RK3); here only the small increment is rounded."""
+    if alpha == 0.0:
+        return fb_i - dt * s / area_i
+    return fa_i + (1.0 - alpha) * ((fb_i - fa_i) - dt * s / area_i)
+
+
 @njit(parallel=True, cache=True)
 def limited_gradient(f, stencil, coef, side, area, dt, limit, g):
     """Least-squares gradients ``g`` (N, d) of ``f``, scaled by the positivity limiter if ``limit``.
@@ -135,46 +201,12 @@ def limited_gradient(f, stencil, coef, side, area, dt, limit, g):
     step (the limiter bounds the outflow over it). Cells with f <= 0 get a zero gradient. d <= 4
     (scalar accumulators, so the loops allocate nothing).
     """
-    N, S = stencil.shape
-    K = side.shape[1]
+    N = stencil.shape[0]
     d = coef.shape[2]
     for i in prange(N):
-        fi = f[i]
-        g0 = 0.0
-        g1 = 0.0
-        g2 = 0.0
-        g3 = 0.0
-        for k in range(S):
-            df = f[stencil[i, k]] - fi
-            g0 += coef[i, k, 0] * df
-            g1 += coef[i, k, 1] * df
-            if d > 2:
-                g2 += coef[i, k, 2] * df
-            if d > 3:
-                g3 += coef[i, k, 3] * df
+        g0, g1, g2, g3 = _ls_gradient(i, f, stencil, coef)
         if limit:
-            theta = 1.0
-            if fi <= 0.0:
-                theta = 0.0
-            else:
-                s0 = 0.0
-                s1 = 0.0
-                for k in range(K):
-                    q = side[i, k, 0]
-                    gq = g0 * side[i, k, 1] + g1 * side[i, k, 2]
-                    if d > 2:
-                        gq += g2 * side[i, k, 3]
-                    if d > 3:
-                        gq += g3 * side[i, k, 4]
-                    # outflow through this face, q fi + theta gq, must stay >= 0
-                    if gq < 0.0 and q * fi + gq < 0.0:
-                        theta = min(theta, (1.0 - OUTFLOW_MARGIN) * q * fi / (-gq))
-                    s0 += q
-                    s1 += gq
-                s0 *= fi
-                cap = (1.0 - OUTFLOW_MARGIN) * fi * area[i] / dt
-                if s1 > 0.0 and s0 + theta * s1 > cap:
-                    theta = min(theta, max(cap - s0, 0.0) / s1)
+            theta = _positivity_theta(i, f[i], g0, g1, g2, g3, side, area, dt)
             g0 *= theta
             g1 *= theta
             g2 *= theta
@@ -240,71 +272,21 @@ def face_flux(f, g, owner, neigh, mom, flux):
 def cell_update(fa, fb, flux, cell_faces, cell_sign, area, dt, alpha, out):
     """out = alpha fa + (1 - alpha) (fb - dt/|C| sum_faces sign F): one SSP-RK stage (Shu-Osher form)."""
     N, K = cell_faces.shape
-    beta = 1.0 - alpha
     for i in prange(N):
         s = 0.0
         for k in range(K):
             s += cell_sign[i, k] * flux[cell_faces[i, k]]
-        if alpha == 0.0:
-            out[i] = fb[i] - dt * s / area[i]
-        else:
-            # increment form of alpha fa + (1 - alpha)(fb - dt s/|C|): near a steady state the same
-            # products would round the same way every step and the mass would drift linearly
-            # (measured 6e-17 per step with SSP-RK3); here only the small increment is rounded.
-            out[i] = fa[i] + beta * ((fb[i] - fa[i]) - dt * s / area[i])
+        out[i] = _stage_value(fa[i], fb[i], s, dt, area[i], alpha)
 
 
 @njit(inline="always")
-def _cell_outflows(i, f, stencil, coef, side, area, dt, linear, limit, outflow):
-    """Outflows of cell i through each of its faces over one stage, into outflow[i * K + k]: the LS
-    gradient, the positivity scaling of :func:`limited_gradient` (same arithmetic), then
-    q f_i + theta g_i . Q per face."""
-    S = stencil.shape[1]
+def _cell_outflows(i, f, side, g0, g1, g2, g3, theta, outflow):
+    """Outflows of cell i through each of its faces over one stage, q f_i + theta g_i . Q, into
+    outflow[i * K + k]."""
     K = side.shape[1]
-    d = coef.shape[2]
     fi = f[i]
-    g0 = 0.0
-    g1 = 0.0
-    g2 = 0.0
-    g3 = 0.0
-    if linear:
-        for k in range(S):
-            df = f[stencil[i, k]] - fi
-            g0 += coef[i, k, 0] * df
-            g1 += coef[i, k, 1] * df
-            if d > 2:
-                g2 += coef[i, k, 2] * df
-            if d > 3:
-                g3 += coef[i, k, 3] * df
-    theta = 1.0
-    if linear and limit:
-        if fi <= 0.0:
-            theta = 0.0
-        else:
-            s0 = 0.0
-            s1 = 0.0
-            for k in range(K):
-                q = side[i, k, 0]
-                gq = g0 * side[i, k, 1] + g1 * side[i, k, 2]
-                if d > 2:
-                    gq += g2 * side[i, k, 3]
-                if d > 3:
-                    gq += g3 * side[i, k, 4]
-                if gq < 0.0 and q * fi + gq < 0.0:
-                    theta = min(theta, (1.0 - OUTFLOW_MARGIN) * q * fi / (-gq))
-                s0 += q
-                s1 += gq
-            s0 *= fi
-            cap = (1.0 - OUTFLOW_MARGIN) * fi * area[i] / dt
-            if s1 > 0.0 and s0 + theta * s1 > cap:
-                theta = min(theta, max(cap - s0, 0.0) / s1)
     for k in range(K):
-        gq = g0 * side[i, k, 1] + g1 * side[i, k, 2]
-        if d > 2:
-            gq += g2 * side[i, k, 3]
-        if d > 3:
-            gq += g3 * side[i, k, 4]
-        outflow[i * K + k] = side[i, k, 0] * fi + theta * gq
+        outflow[i * K + k] = side[i, k, 0] * fi + theta * _side_dot(i, k, side, g0, g1, g2, g3)
 
 
 @njit(parallel=True, cache=True)
@@ -321,17 +303,18 @@ def stage_update(fa, fb, stencil, coef, side, inflow, area, dt, alpha, linear, l
     """
     N, K = inflow.shape
     for i in prange(N):
-        _cell_outflows(i, fb, stencil, coef, side, area, dt, linear, limit, outflow)
-    beta = 1.0 - alpha
+        g0 = g1 = g2 = g3 = 0.0
+        theta = 1.0
+        if linear:
+            g0, g1, g2, g3 = _ls_gradient(i, fb, stencil, coef)
+            if limit:
+                theta = _positivity_theta(i, fb[i], g0, g1, g2, g3, side, area, dt)
+        _cell_outflows(i, fb, side, g0, g1, g2, g3, theta, outflow)
     for i in prange(N):
         s = 0.0
         for k in range(K):
             s += outflow[i * K + k] - outflow[inflow[i, k]]
-        if alpha == 0.0:
-            out[i] = fb[i] - dt * s / area[i]
-        else:
-            # increment form, as in cell_update
-            out[i] = fa[i] + beta * ((fb[i] - fa[i]) - dt * s / area[i])
+        out[i] = _stage_value(fa[i], fb[i], s, dt, area[i], alpha)
 
 
 @njit(parallel=True, cache=True)
