@@ -308,3 +308,26 @@ def test_fast_spectral_within_tol(kind, monkeypatch):
     assert nfast >= 4
     if kind == "smooth":  # the path must actually carry the smooth case (else it is pointless)
         assert model._cache["spectral_flagged"] <= 0.05 * len(x)
+
+
+def test_fast_spectral_flagged_targets_go_to_the_series_first():
+    # a density spanning two decades (the state of a concentrating run): far from its bulk the fast
+    # path's transform-error model flags many targets; the in-house series (rounding model ~1e3 tighter)
+    # must take most of them, and every target stays within tol of the direct kernel
+    pytest.importorskip("ducc0")
+    from spherepde.kernels import funk_hecke as fh
+
+    y = pix(32)
+    f = 0.01 + np.exp(6.0 * (y[:, 2] ** 2 - 1.0))
+    w = f * 4 * np.pi / len(y)
+    B = np.diag([-1.0, -1.0, 1.0])  # conformal: one kappa, so one node map per sum (n = 0)
+    model = Attention(B, np.eye(3), 30.0, tol=1e-10, method="spectral")
+    m = model.mean_field(y, y, w)
+    ref = Attention(B, np.eye(3), 30.0, method="direct").mean_field(y, y, w)
+    c = model._cache
+    assert c["spectral_path"] == "fast"
+    assert [p[3] for p in c["spectral_plan"]] == [0]  # a conformal B's interval has rounding width
+    assert c["spectral_flagged_fast"] > 0.05 * len(y)  # the case exercises the flagged path
+    assert c["spectral_flagged"] < 0.5 * c["spectral_flagged_fast"]  # the series took most of them
+    assert np.abs(m - ref).max() <= 1e-10 + 2e-15
+    assert fh._nodes_needed(30.0 - 1e-14, 30.0 + 1e-14, 1e-14) == 0

@@ -125,10 +125,14 @@ def _degree(b: float, goal: float, lmax_cap: int) -> int:
 
 
 def _nodes_needed(a: float, b: float, goal: float) -> int:
-    """Smallest n <= NMAX with interp_bound(a, b, n) <= goal (the bound decreases with n), or NMAX + 1."""
+    """Smallest n <= NMAX with interp_bound(a, b, n) <= goal (the bound decreases with n for n >= 1), or
+    NMAX + 1. n = 0 is tried first: its bound has its own formula (not on the rho grid of n >= 1), and it
+    is the one that meets the goal for a conformal B (an interval of rounding width)."""
+    if interp_bound(a, b, 0) <= goal:
+        return 0
     if interp_bound(a, b, NMAX) > goal:
         return NMAX + 1
-    lo, hi = 0, NMAX
+    lo, hi = 1, NMAX
     while lo < hi:
         mid = (lo + hi) // 2
         if interp_bound(a, b, mid) <= goal:

@@ -60,6 +60,9 @@ DIRECT_RATE = 0.55e9
 #: Sources summed per CPU second inside the pruned method (its exact block sums), measured at nside 64
 #: and 128, beta 100 and 1e3.
 PRUNED_RATE = 0.4e9
+#: CPU seconds per source (or target) and squared degree of the in-house series (its coefficients; the
+#: per-target sums cost ~3.7x this), measured at nside 64, L 45..81.
+SERIES_COST = 4.6e-10
 #: The fast-transform spectral path (ducc0) is used only where its transform-error model can meet the
 #: bound: (1 + sqrt 3) NUFFT_SAFETY EPS_SHT Lebesgue (~2.5) rms/D (~3 for smooth f) <= 0.9 tol.
 FAST_SPECTRAL_MIN_TOL = (1.0 + math.sqrt(3.0)) * _fh.NUFFT_SAFETY * _fh.EPS_SHT * 2.5 * 3.0 / 0.9
@@ -417,10 +420,34 @@ class Attention(Model):
         ok = (D > 1e-250) & (bound <= 0.9 * self.tol)
         out[ok] = F[ok, 1:] / D[ok, None]
         bad = ~ok
+        L = max(b[4] for b in bins)
+        self._cache["spectral_flagged_fast"] = int(bad.sum())
         self._cache["spectral_flagged"] = int(bad.sum())
-        self._cache["spectral_degree"] = max(b[4] for b in bins)
         self._cache["spectral_plan"] = [(b[2], b[3], b[4], b[5], b[1] - b[0]) for b in bins]
         self._cache["spectral_heavy"] = int(heavy.sum())
+        self._series_then_fallback(bad, U, kappa, y, w, out)
+        self._cache["spectral_degree"] = L
+        return out
+
+    def _series_then_fallback(self, bad, U, kappa, y, w, out):
+        """Targets flagged by the fast path: the in-house series first where it is cheaper than the
+        guaranteed sums (its rounding model is ~1e3 tighter than the transform-error model, so most
+        targets of low D, far from the bulk of the mass, pass it), then pruned / direct for the rest."""
+        nb_ = int(bad.sum())
+        if nb_ == 0:
+            return out
+        N = y.shape[0]
+        L = self.spectral_degree(float(kappa[bad].max()))[0]
+        # CPU seconds (measured on the 2-core machine at nside 64, L 45..81): the series' source
+        # coefficients N L^2 and per-target sums nb L^2 (~3.7x the cost per point), against the direct
+        # sums (an upper bound of the fallback's cost)
+        t_series = (N + 3.7 * nb_) * (L + 1) ** 2 * SERIES_COST
+        if L <= SPECTRAL_LMAX and t_series < nb_ * N / DIRECT_RATE:
+            idx = np.nonzero(bad)[0]
+            sub = np.empty((nb_, 3))
+            self._spectral(np.ascontiguousarray(U[idx]), np.ascontiguousarray(kappa[idx]), y, w, sub)
+            out[idx] = sub
+            return out
         return self._fallback(bad, U, kappa, y, w, out)
 
     def _spectral(self, U, kappa, y, w, out):
