@@ -39,6 +39,7 @@ spectral_sums(U, kappa, S, W, tol_goal, nthreads)
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -196,6 +197,9 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads):
     bins : list from :func:`plan` (index ranges into the sorted targets)
     order : (M,) the sorting permutation of kappa
     nthreads : int
+        Threads. The 4 (n + 1) node syntheses of a plan are independent and each is small (ducc0 gains
+        little from a second thread inside one call at L ~ 100): with nthreads > 1 they run side by side,
+        one thread each, in a pool of nthreads workers (ducc0 releases the GIL).
     """
     M = U.shape[0]
     Lmax = max(L for *_, L, _ in bins)
@@ -209,16 +213,16 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads):
     pw = [np.bincount(lidx, weights=mult * np.abs(a) ** 2, minlength=Lmax + 1) for a in alm]
     mstart = np.array([m * (2 * Lmax + 1 - m) // 2 for m in range(Lmax + 1)], dtype=np.uintp)
     w1 = float(W.sum())
-    F = np.empty((M, 4))
-    delta = np.empty(M)
     Us = U[order]
     ks = kappa[order]
     Fs = np.empty((M, 4))
     ds = np.empty(M)
-    for i0, i1, a, b, L, n in bins:
+    # every node of every bin: its coefficients, tail and map rms; then all syntheses, pooled
+    jobs = []  # (bin index, node index, map index, alm of the node map, L, target locations)
+    info = []  # per bin: (loc, nodes, tails, rms, G)
+    for b, (i0, i1, a, b_, L, n) in enumerate(bins):
         loc = _loc(Us[i0:i1])
-        kb = ks[i0:i1]
-        kn = nodes(a, b, n)
+        kn = nodes(a, b_, n)
         G = np.empty((n + 1, 4, i1 - i0))
         tails = 0.0
         rms = 0.0
@@ -228,11 +232,25 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads):
             cl = 4.0 * np.pi * il
             cfull = np.zeros(Lmax + 1)
             cfull[:L + 1] = cl
+            cl_lm = cfull[lidx]
             for q in range(4):
-                G[k, q] = ducc0.sht.synthesis_general(alm=(alm[q] * cfull[lidx])[None, :], spin=0, lmax=L,
-                                                      mstart=mstart[:L + 1], loc=loc, epsilon=EPS_SHT,
-                                                      nthreads=nthreads)[0]
+                jobs.append((b, k, q, alm[q] * cl_lm, L))
                 rms = max(rms, math.sqrt(float(np.dot(cl * cl, pw[q][:L + 1])) / (4.0 * np.pi)))
+        info.append((loc, kn, tails, rms, G))
+
+    def synth(job):
+        b, k, q, a_lm, L = job
+        info[b][4][k, q] = ducc0.sht.synthesis_general(alm=a_lm[None, :], spin=0, lmax=L, mstart=mstart[:L + 1],
+                                                       loc=info[b][0], epsilon=EPS_SHT, nthreads=1)[0]
+
+    if nthreads > 1 and len(jobs) > 1:
+        with ThreadPoolExecutor(max_workers=nthreads) as pool:
+            list(pool.map(synth, jobs))
+    else:
+        for job in jobs:
+            synth(job)
+    for (i0, i1, a, b, L, n), (loc, kn, tails, rms, G) in zip(bins, info):
+        kb = ks[i0:i1]
         # barycentric interpolation (second kind: weights (-1)^k, halved at the ends)
         if n == 0:
             Fs[i0:i1] = G[0].T
@@ -250,12 +268,20 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads):
             if rows.any():  # kappa on a node (nodes of a tiny interval may coincide: take one)
                 lag[rows] = 0.0
                 lag[np.nonzero(rows)[0], np.argmax(hit[rows], axis=1)] = 1.0
-            Fs[i0:i1] = np.einsum("ik,kqi->iq", lag, G)
+            lagT = np.ascontiguousarray(lag.T)
+            acc = np.zeros((4, i1 - i0))
+            absum = np.zeros(i1 - i0)
+            for k in range(n + 1):
+                acc += lagT[k] * G[k]
+                absum += np.abs(lagT[k]) * np.abs(G[k, 0])
+            Fs[i0:i1] = acc.T
             # rounding of the interpolation (weights and sums): |G^q| <= |G^0| up to the transform error
-            rnd = 4.0 * (n + 2) * EPS * np.einsum("ik,ki->i", np.abs(lag), np.abs(G[:, 0]))
+            rnd = 4.0 * (n + 2) * EPS * absum
         lam = lebesgue(n)
         ds[i0:i1] = (w1 * (interp_bound(a, b, n) + lam * tails)
                      + NUFFT_SAFETY * EPS_SHT * lam * rms + rnd)
+    F = np.empty((M, 4))
+    delta = np.empty(M)
     F[order] = Fs
     delta[order] = ds
     return F, delta
