@@ -204,8 +204,11 @@ class Attention(Model):
       Where tol >= FAST_SPECTRAL_MIN_TOL (~6e-11), N M > 4e6 and L > 40, "spectral" instead uses the
       fast transforms of :mod:`spherepde.kernels.funk_hecke` (ducc0): targets binned by kappa,
       Chebyshev interpolation in kappa with a rigorous interpolation and truncation bound plus a
-      transform-error model (margin >= 20 over measured errors); flagged targets again go to
-      "pruned" or "direct". (Below that tol the transform error model cannot meet the bound.)
+      transform-error model (margin >= 20 over measured errors). Its flagged targets (low D: far
+      from the bulk of the mass, where the transform error, ~EPS_SHT x the map's rms, is large
+      relative to D) go first to the in-house series above where that is cheaper by a cost model
+      (its rounding model is ~1e3 tighter, so it takes most of them), then to "pruned" or
+      "direct". (Below that tol the transform error model cannot meet the bound.)
     - ``"auto"``: direct for N M <= 4e6. Where the fast spectral path is allowed (tol >= ~6e-11):
       the cheapest of direct, pruned and spectral by a CPU-time model. Otherwise pruned when kappa is
       large enough to prune (median kappa > 2 (log(N / 64 / tol) + 3)); else spectral when d = 3 and
