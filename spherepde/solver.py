@@ -235,17 +235,22 @@ class Solver:
         """Weights at time t: recomputed from f (field_interval None), or, with field_interval k,
         recomputed at every k-th step start and extrapolated linearly in time in between (the weights
         are linear in m, so extrapolating them equals extrapolating the field)."""
+        return self._extrapolated_weights(t, f)[0]
+
+    def _extrapolated_weights(self, t: float, f: np.ndarray):
+        """(a_n, a_p, c): the weights at time t are a_n + c (a_n - a_p) (a_p None: a_n itself). The
+        extrapolation is left to the moment kernel, which does it on the fly (no temporary array)."""
         k = self.options.field_interval
         if k is None:
-            return self._nonlocal_weights_now(f)
+            return self._nonlocal_weights_now(f), None, 0.0
         at_start = t == self.t and f is self.f
         if at_start and self.n_steps % k == 0 and (not self._history or self._history[-1][0] != t):
             self._history = (self._history + [(t, self._nonlocal_weights_now(f))])[-2:]
         tn, an = self._history[-1]
         if len(self._history) == 1 or t == tn:
-            return an
+            return an, None, 0.0
         tp, ap = self._history[0]
-        return an + ((t - tn) / (tn - tp)) * (an - ap)
+        return an, ap, (t - tn) / (tn - tp)
 
     def _grid_mean_field(self, f: np.ndarray) -> np.ndarray:
         """The attention mean at the cell centres for the grid density f (midpoint rule over cells).
@@ -270,14 +275,16 @@ class Solver:
             return self._steady_mom
         if self.model.local:
             return self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
-        return self._compute_moments(self._nonlocal_weights(t, f))
+        return self._compute_moments(*self._extrapolated_weights(t, f))
 
-    def _compute_moments(self, a):
+    def _compute_moments(self, a, a_prev=None, c=0.0):
         """Face moments (F, 2 + 2d) and their cell-major outflow copy (N, K, 1 + d), as a pair, from the
-        normal-velocity weights a (F, G)."""
+        normal-velocity weights a (F, G), or from a + c (a - a_prev) when ``a_prev`` is given."""
         grid = self.grid
         mom = np.empty((grid.n_faces, fv.moment_width(grid.dim)))
-        fv.face_moments(a, grid.face_points, grid.xbar, grid.owner, grid.neighbour, mom)
+        if a_prev is None:
+            a_prev, c = a, 0.0
+        fv.face_moments(a, a_prev, c, grid.face_points, grid.xbar, grid.owner, grid.neighbour, mom)
         side = np.empty(grid.cell_faces.shape + (grid.dim + 1,))
         fv.side_moments(mom, grid.cell_faces, grid.cell_face_sign, side)
         return mom, side

@@ -67,8 +67,15 @@ def twin_flux_pointwise(g, a, f, grad):
 def test_face_moments(setup):
     g, a, f = setup
     mom = np.empty((g.n_faces, 8))
-    fv.face_moments(a, g.face_points, g.xbar, g.owner, g.neighbour, mom)
+    fv.face_moments(a, a, 0.0, g.face_points, g.xbar, g.owner, g.neighbour, mom)
     assert np.allclose(mom, twin_moments(g, a), rtol=1e-13, atol=1e-16)
+    # with the on-the-fly extrapolation a + c (a - a_prev): the moments of the extrapolated weights (the
+    # sign split makes them nonlinear in a, so this is not the extrapolation of the moments)
+    a_prev = a + 0.3 * RNG.normal(size=a.shape) * np.abs(a).max()
+    fv.face_moments(a, a_prev, 0.7, g.face_points, g.xbar, g.owner, g.neighbour, mom)
+    ext = a + 0.7 * (a - a_prev)
+    assert np.allclose(mom, twin_moments(g, ext), rtol=1e-13, atol=1e-16)
+    assert np.any(np.sign(ext) != np.sign(a))  # the case exercises sign changes
 
 
 @pytest.mark.parametrize("limit", [False, True])

@@ -51,8 +51,10 @@ def moment_width(d: int) -> int:
 
 
 @njit(parallel=True, cache=True)
-def face_moments(a, pts, xbar, owner, neigh, mom):
-    """Face moments ``mom`` (F, 2 + 2d) = (P, MP, Nn, MN) from normal-velocity weights ``a`` (F, G).
+def face_moments(a, a_prev, c, pts, xbar, owner, neigh, mom):
+    """Face moments ``mom`` (F, 2 + 2d) = (P, MP, Nn, MN) from normal-velocity weights
+    a + c (a - a_prev) (F, G) (linear extrapolation in time, done here on the fly; pass a_prev = a and
+    c = 0 for a itself).
 
     d <= 4: scalar accumulators (writing into ``mom`` inside the loop was 5x slower).
     """
@@ -73,6 +75,8 @@ def face_moments(a, pts, xbar, owner, neigh, mom):
         n3 = 0.0
         for gg in range(G):
             ag = a[f, gg]
+            if c != 0.0:
+                ag = ag + c * (ag - a_prev[f, gg])
             if ag > 0.0:
                 P += ag
                 p0 += ag * (pts[f, gg, 0] - xbar[o, 0])
