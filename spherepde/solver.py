@@ -174,6 +174,7 @@ class Solver:
         self.f = _initial_density(grid, f0)
         self.n_steps = 0
         self._steady_mom = None
+        self._padding = None  # (cell, slot) index arrays of the padding slots of cell_faces
         self._rates_of = None  # the moment set whose rates are in self._last_rates
         self._history: list[tuple[float, np.ndarray]] = []  # (t, face weights a) for field_interval
         self._circle_phi0 = None  # first cell angle of a uniform, ordered circle grid (FFT attention path)
@@ -284,9 +285,12 @@ class Solver:
         mom = np.empty((grid.n_faces, fv.moment_width(grid.dim)))
         if a_prev is None:
             a_prev, c = a, 0.0
-        fv.face_moments(a, a_prev, c, grid.face_points, grid.xbar, grid.owner, grid.neighbour, mom)
         side = np.empty(grid.cell_faces.shape + (grid.dim + 1,))
-        fv.side_moments(mom, grid.cell_faces, grid.cell_face_sign, side)
+        if self._padding is None:
+            self._padding = np.nonzero(grid.cell_face_sign == 0)
+        side[self._padding] = 0.0
+        fv.face_side_moments(a, a_prev, c, grid.face_points, grid.xbar, grid.owner, grid.neighbour,
+                             grid.face_slots, mom, side)
         return mom, side
 
     # ------------------------------------------------------------------ one step

@@ -232,3 +232,34 @@ def test_cell_inflow_is_an_involution():
         assert np.array_equal(g.cell_face_sign.ravel()[flat][real], -g.cell_face_sign.ravel()[real])
         assert np.array_equal(flat[~real], np.arange(flat.size)[~real])
         assert np.all(flat[real] // K != np.arange(flat.size)[real] // K)
+
+
+def _grids_with_padding():
+    from spherepde.grids import TensorGrid
+
+    return [HealpixGrid(4), TensorGrid(3, 8)]  # the tensor grid's polar cells have padding slots
+
+
+@pytest.mark.parametrize("grid", _grids_with_padding(), ids=["healpix", "tensor"])
+def test_face_side_moments_equal_the_two_kernels(grid):
+    # the fused face pass writes the same face moments and cell-major slots as face_moments followed by
+    # side_moments (same arithmetic, so equal to the last bit), padding slots left as the caller set them
+    F, G = grid.face_points.shape[:2]
+    a = RNG.normal(size=(F, G))
+    a_prev = RNG.normal(size=(F, G))
+    d = grid.dim
+    K = grid.cell_faces.shape[1]
+    for c in (0.0, 0.6):
+        mom = np.empty((F, fv.moment_width(d)))
+        side = np.empty((grid.n_cells, K, d + 1))
+        fv.face_moments(a, a_prev, c, grid.face_points, grid.xbar, grid.owner, grid.neighbour, mom)
+        fv.side_moments(mom, grid.cell_faces, grid.cell_face_sign, side)
+        mom2 = np.full_like(mom, np.nan)
+        side2 = np.full_like(side, np.nan)
+        side2[grid.cell_face_sign == 0] = 0.0
+        fv.face_side_moments(a, a_prev, c, grid.face_points, grid.xbar, grid.owner, grid.neighbour,
+                             grid.face_slots, mom2, side2)
+        assert np.array_equal(mom, mom2)
+        assert np.array_equal(side, side2)
+    if not isinstance(grid, HealpixGrid):
+        assert (grid.cell_face_sign == 0).any()  # the case covers padding slots
