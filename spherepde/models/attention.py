@@ -433,24 +433,40 @@ class Attention(Model):
         return out
 
     def _series_then_fallback(self, bad, U, kappa, y, w, out):
-        """Targets flagged by the fast path: the in-house series first where it is cheaper than the
-        guaranteed sums (its rounding model is ~1e3 tighter than the transform-error model, so most
-        targets of low D, far from the bulk of the mass, pass it), then pruned / direct for the rest."""
+        """Targets flagged by the fast path: the in-house series first where it is expected to be
+        cheaper than the guaranteed sums (its rounding model is ~1e3 tighter than the transform-error
+        model, so it takes most targets of low D while the density is smooth), then pruned / direct for
+        what it flags in turn.
+
+        The series pays off only if it passes enough of these targets; far from a concentrated density it
+        passes few (its own bound fails there too). The fraction it passed the last time is remembered
+        (the field is evaluated again and again on a slowly changing density) and weighs the choice."""
         nb_ = int(bad.sum())
         if nb_ == 0:
             return out
         N = y.shape[0]
-        L = self.spectral_degree(float(kappa[bad].max()))[0]
+        kb = kappa[bad]
+        L = self.spectral_degree(float(kb.max()))[0]
         # CPU seconds (measured on the 2-core machine at nside 64, L 45..81): the series' source
-        # coefficients N L^2 and per-target sums nb L^2 (~3.7x the cost per point), against the direct
-        # sums (an upper bound of the fallback's cost)
+        # coefficients N L^2 and per-target sums nb L^2 (~3.7x the cost per point); the guaranteed sums
+        # by the same estimates as "auto"
         t_series = (N + 3.7 * nb_) * (L + 1) ** 2 * SERIES_COST
-        if L <= SPECTRAL_LMAX and t_series < nb_ * N / DIRECT_RATE:
+        if self._prefer_pruned(kb, N):
+            frac = (math.log(max(N / BLOCK, 1.0) / self.tol) + 3.0) / max(float(np.median(kb)), 1e-300)
+            t_exact = nb_ * N * frac / PRUNED_RATE
+        else:
+            t_exact = nb_ * N / DIRECT_RATE
+        passed = self._cache.get("series_pass", 1.0)
+        if L <= SPECTRAL_LMAX and t_series < passed * t_exact:
             idx = np.nonzero(bad)[0]
             sub = np.empty((nb_, 3))
-            self._spectral(np.ascontiguousarray(U[idx]), np.ascontiguousarray(kappa[idx]), y, w, sub)
+            self._spectral(np.ascontiguousarray(U[idx]), np.ascontiguousarray(kb), y, w, sub)
             out[idx] = sub
+            self._cache["series_pass"] = 1.0 - self._cache["spectral_flagged"] / nb_
             return out
+        # not tried: drift back towards trying it, so that a density that smooths out again gets it
+        self._cache["series_pass"] = min(1.0, passed + 0.05)
+        self._cache["spectral_flagged"] = nb_
         return self._fallback(bad, U, kappa, y, w, out)
 
     def _spectral(self, U, kappa, y, w, out):
