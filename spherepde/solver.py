@@ -232,15 +232,13 @@ class Solver:
         v = model.velocity_from_mean(grid.face_points.reshape(-1, d), mg.reshape(-1, d)).reshape(F, G, d)
         return self._normal_weights(v)
 
-    def _nonlocal_weights(self, t: float, f: np.ndarray) -> np.ndarray:
-        """Weights at time t: recomputed from f (field_interval None), or, with field_interval k,
-        recomputed at every k-th step start and extrapolated linearly in time in between (the weights
-        are linear in m, so extrapolating them equals extrapolating the field)."""
-        return self._extrapolated_weights(t, f)[0]
-
     def _extrapolated_weights(self, t: float, f: np.ndarray):
-        """(a_n, a_p, c): the weights at time t are a_n + c (a_n - a_p) (a_p None: a_n itself). The
-        extrapolation is left to the moment kernel, which does it on the fly (no temporary array)."""
+        """Normal-velocity weights at time t as (a_n, a_p, c): a_n + c (a_n - a_p) (a_p None: a_n itself).
+
+        Recomputed from f (field_interval None), or, with field_interval k, recomputed at every k-th step
+        start and extrapolated linearly in time in between (the weights are linear in m, so extrapolating
+        them equals extrapolating the field). The extrapolation is left to the moment kernel, which does
+        it on the fly (no temporary array)."""
         k = self.options.field_interval
         if k is None:
             return self._nonlocal_weights_now(f), None, 0.0

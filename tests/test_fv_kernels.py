@@ -64,15 +64,22 @@ def twin_flux_pointwise(g, a, f, grad):
     return np.sum(np.where(a > 0, a * ro, a * rn), axis=1)
 
 
+def _face_side(g, a, a_prev, c):
+    mom = np.empty((g.n_faces, fv.moment_width(g.dim)))
+    side = np.full(g.cell_faces.shape + (g.dim + 1,), np.nan)
+    side[g.cell_face_sign == 0] = 0.0  # the caller's part: padding slots
+    fv.face_side_moments(a, a_prev, c, g.face_points, g.xbar, g.owner, g.neighbour, g.face_slots, mom, side)
+    return mom, side
+
+
 def test_face_moments(setup):
     g, a, f = setup
-    mom = np.empty((g.n_faces, 8))
-    fv.face_moments(a, a, 0.0, g.face_points, g.xbar, g.owner, g.neighbour, mom)
+    mom, _ = _face_side(g, a, a, 0.0)
     assert np.allclose(mom, twin_moments(g, a), rtol=1e-13, atol=1e-16)
     # with the on-the-fly extrapolation a + c (a - a_prev): the moments of the extrapolated weights (the
     # sign split makes them nonlinear in a, so this is not the extrapolation of the moments)
     a_prev = a + 0.3 * RNG.normal(size=a.shape) * np.abs(a).max()
-    fv.face_moments(a, a_prev, 0.7, g.face_points, g.xbar, g.owner, g.neighbour, mom)
+    mom, _ = _face_side(g, a, a_prev, 0.7)
     ext = a + 0.7 * (a - a_prev)
     assert np.allclose(mom, twin_moments(g, ext), rtol=1e-13, atol=1e-16)
     assert np.any(np.sign(ext) != np.sign(a))  # the case exercises sign changes
@@ -242,25 +249,20 @@ def _grids_with_padding():
 
 
 @pytest.mark.parametrize("grid", _grids_with_padding(), ids=["healpix", "tensor3", "tensor2", "tensor4"])
-def test_face_side_moments_equal_the_two_kernels(grid):
-    # the fused face pass writes the same face moments and cell-major slots as face_moments followed by
-    # side_moments (same arithmetic, so equal to the last bit), padding slots left as the caller set them
+def test_face_side_moments_every_dimension(grid):
+    # the face moments against the NumPy twin (rtol 1e-13: the twin sums in another order), and the
+    # cell-major slots written in the same pass equal to the last bit what side_moments makes of those
+    # moments (a copy with signs), padding slots left as the caller set them
     F, G = grid.face_points.shape[:2]
     a = RNG.normal(size=(F, G))
     a_prev = RNG.normal(size=(F, G))
     d = grid.dim
-    K = grid.cell_faces.shape[1]
     for c in (0.0, 0.6):
-        mom = np.empty((F, fv.moment_width(d)))
-        side = np.empty((grid.n_cells, K, d + 1))
-        fv.face_moments(a, a_prev, c, grid.face_points, grid.xbar, grid.owner, grid.neighbour, mom)
-        fv.side_moments(mom, grid.cell_faces, grid.cell_face_sign, side)
-        mom2 = np.full_like(mom, np.nan)
-        side2 = np.full_like(side, np.nan)
-        side2[grid.cell_face_sign == 0] = 0.0
-        fv.face_side_moments(a, a_prev, c, grid.face_points, grid.xbar, grid.owner, grid.neighbour,
-                             grid.face_slots, mom2, side2)
-        assert np.array_equal(mom, mom2)
-        assert np.array_equal(side, side2)
+        mom, side = _face_side(grid, a, a_prev, c)
+        assert np.allclose(mom, twin_moments(grid, a + c * (a - a_prev)), rtol=1e-13, atol=1e-15)
+        ref = np.empty_like(side)
+        fv.side_moments(mom, grid.cell_faces, grid.cell_face_sign, ref)
+        assert np.array_equal(side, ref)
+    assert mom.shape[1] == 2 + 2 * d
     if not isinstance(grid, HealpixGrid) and grid.dim > 2:
         assert (grid.cell_face_sign == 0).any()  # the case covers padding slots

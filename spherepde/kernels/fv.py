@@ -21,7 +21,6 @@ from __future__ import annotations
 from numba import njit, prange
 
 __all__ = [
-    "face_moments",
     "face_side_moments",
     "side_moments",
     "limited_gradient",
@@ -52,72 +51,18 @@ def moment_width(d: int) -> int:
 
 
 @njit(parallel=True, cache=True)
-def face_moments(a, a_prev, c, pts, xbar, owner, neigh, mom):
-    """Face moments ``mom`` (F, 2 + 2d) = (P, MP, Nn, MN) from normal-velocity weights
-    a + c (a - a_prev) (F, G) (linear extrapolation in time, done here on the fly; pass a_prev = a and
-    c = 0 for a itself).
-
-    d <= 4: scalar accumulators (writing into ``mom`` inside the loop was 5x slower).
-    """
-    F, G = a.shape
-    d = xbar.shape[1]
-    for f in prange(F):
-        o = owner[f]
-        n = neigh[f]
-        P = 0.0
-        Nn = 0.0
-        p0 = 0.0
-        p1 = 0.0
-        p2 = 0.0
-        p3 = 0.0
-        n0 = 0.0
-        n1 = 0.0
-        n2 = 0.0
-        n3 = 0.0
-        for gg in range(G):
-            ag = a[f, gg]
-            if c != 0.0:
-                ag = ag + c * (ag - a_prev[f, gg])
-            if ag > 0.0:
-                P += ag
-                p0 += ag * (pts[f, gg, 0] - xbar[o, 0])
-                p1 += ag * (pts[f, gg, 1] - xbar[o, 1])
-                if d > 2:
-                    p2 += ag * (pts[f, gg, 2] - xbar[o, 2])
-                if d > 3:
-                    p3 += ag * (pts[f, gg, 3] - xbar[o, 3])
-            else:
-                Nn += ag
-                n0 += ag * (pts[f, gg, 0] - xbar[n, 0])
-                n1 += ag * (pts[f, gg, 1] - xbar[n, 1])
-                if d > 2:
-                    n2 += ag * (pts[f, gg, 2] - xbar[n, 2])
-                if d > 3:
-                    n3 += ag * (pts[f, gg, 3] - xbar[n, 3])
-        mom[f, 0] = P
-        mom[f, 1] = p0
-        mom[f, 2] = p1
-        mom[f, 1 + d] = Nn
-        mom[f, 2 + d] = n0
-        mom[f, 3 + d] = n1
-        if d > 2:
-            mom[f, 3] = p2
-            mom[f, 4 + d] = n2
-        if d > 3:
-            mom[f, 4] = p3
-            mom[f, 5 + d] = n3
-
-
-@njit(parallel=True, cache=True)
 def face_side_moments(a, a_prev, c, pts, xbar, owner, neigh, slots, mom, side):
-    """:func:`face_moments` and :func:`side_moments` in one pass over the faces: each face writes its
-    row of ``mom`` and its two cell-major slots of ``side`` (``slots`` = ``Grid.face_slots``: the slot of
-    the face in its owner's and its neighbour's face list). Padding slots of ``side`` are not written
-    (the caller zeroes them once). Same results as the two kernels, to the last bit.
+    """Face moments ``mom`` (F, 2 + 2d) = (P, MP, Nn, MN) from the normal-velocity weights
+    a + c (a - a_prev) (F, G) (linear extrapolation in time, done here on the fly; pass a_prev = a and
+    c = 0 for a itself), and in the same pass their cell-major copy ``side`` (what
+    :func:`side_moments` makes of ``mom``): each face writes its row of ``mom`` and its two slots of
+    ``side`` (``slots`` = ``Grid.face_slots``: the slot of the face in its owner's and its neighbour's
+    face list). Padding slots of ``side`` are not written (the caller zeroes them once).
 
     Branch-free: each Gauss point adds max(a, 0) to the owner's sums and min(a, 0) to the neighbour's
-    (the other side gets an exact 0); the sign test of :func:`face_moments` mispredicts wherever the
-    field's sign varies along the faces (2x slower at nside 64). S^2 has its own loop (d = 3)."""
+    (the other side gets an exact 0); a sign test mispredicts wherever the field's sign varies along
+    the faces (2x slower at nside 64). S^2 has its own loop with scalar accumulators (d = 3); other d
+    accumulate in ``mom``."""
     F, G = a.shape
     d = xbar.shape[1]
     if d == 3:

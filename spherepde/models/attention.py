@@ -264,12 +264,14 @@ class Attention(Model):
             self._cache["blocks"] = sb
         return sb
 
+    def _pruned_fraction(self, kappa, N):
+        """Estimated fraction of the N sources the pruned method sums for these targets:
+        (log(nb / eps) + 3) / kappa at the median kappa (research note)."""
+        return (math.log(max(N / BLOCK, 1.0) / self.tol) + 3.0) / max(float(np.median(kappa)), 1e-300)
+
     def _prefer_pruned(self, kappa, N):
-        # pruned sums about a fraction (log(nb / eps) + 3) / kappa of the sources (research note), at
-        # about half the speed per source of the direct kernel
-        kt = float(np.median(kappa))
-        frac = (math.log(max(N / BLOCK, 1.0) / self.tol) + 3.0) / max(kt, 1e-300)
-        return frac < 0.5
+        # pruned sums the fraction above at about half the speed per source of the direct kernel
+        return self._pruned_fraction(kappa, N) < 0.5
 
     def _fast_spectral_ok(self):
         return self.dim == 3 and _fh.available() and self.tol >= FAST_SPECTRAL_MIN_TOL
@@ -296,8 +298,7 @@ class Attention(Model):
             # CPU-second estimates: direct, pruned (fraction (log(nb / eps) + 3) / kappa of the sources,
             # plus the block bounds), fast spectral (its plan's model, + the fallback it may need)
             t_direct = N * M / DIRECT_RATE
-            kt = float(np.median(kappa))
-            frac = min(1.0, 1.2 * (math.log(max(N / BLOCK, 1.0) / self.tol) + 3.0) / max(kt, 1e-300))
+            frac = min(1.0, 1.2 * self._pruned_fraction(kappa, N))
             t_pruned = N * M * frac / PRUNED_RATE + M * (N / (BLOCK * SUPER)) * 2e-9
             t_spec = self._fast_plan(kappa)[0] * 1.3 + 0.02
             best = min(t_direct, t_pruned, t_spec)
@@ -451,11 +452,8 @@ class Attention(Model):
         # coefficients N L^2 and per-target sums nb L^2 (~3.7x the cost per point); the guaranteed sums
         # by the same estimates as "auto"
         t_series = (N + 3.7 * nb_) * (L + 1) ** 2 * SERIES_COST
-        if self._prefer_pruned(kb, N):
-            frac = (math.log(max(N / BLOCK, 1.0) / self.tol) + 3.0) / max(float(np.median(kb)), 1e-300)
-            t_exact = nb_ * N * frac / PRUNED_RATE
-        else:
-            t_exact = nb_ * N / DIRECT_RATE
+        frac = self._pruned_fraction(kb, N)
+        t_exact = nb_ * N * (frac / PRUNED_RATE if frac < 0.5 else 1.0 / DIRECT_RATE)  # as _prefer_pruned
         passed = self._cache.get("series_pass", 1.0)
         if L <= SPECTRAL_LMAX and t_series < passed * t_exact:
             idx = np.nonzero(bad)[0]
