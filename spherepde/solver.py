@@ -283,12 +283,12 @@ class Solver:
         mom = np.empty((grid.n_faces, fv.moment_width(grid.dim)))
         if a_prev is None:
             a_prev, c = a, 0.0
-        side = np.empty(grid.cell_faces.shape + (grid.dim + 1,))
+        side = np.empty(grid.cell_faces.shape + (grid.dim,))  # (q, Q in the cell's tangent frame)
         if self._padding is None:
             self._padding = np.nonzero(grid.cell_face_sign == 0)
         side[self._padding] = 0.0
-        fv.face_side_moments(a, a_prev, c, grid.face_points, grid.xbar, grid.owner, grid.neighbour,
-                             grid.face_slots, mom, side)
+        fv.face_side_moments(a, a_prev, c, grid.face_points, grid.xbar, grid.tangent_basis, grid.owner,
+                             grid.neighbour, grid.face_slots, mom, side)
         return mom, side
 
     # ------------------------------------------------------------------ one step
@@ -296,7 +296,9 @@ class Solver:
         grid, opt = self.grid, self.options
         linear = opt.scheme == "linear"
         if linear and opt.limiter == "maximum":  # gradient, two scalings, then the face fluxes
-            fv.limited_gradient(fb, grid.stencil, grid.stencil_coef, mom[1], grid.areas, dt, True, self._g)
+            cls, coef = grid.stencil_classes
+            fv.limited_gradient(fb, grid.stencil, cls, coef, grid.tangent_basis, mom[1], grid.areas, dt, True,
+                                self._g)
             fv.local_bounds_scale(fb, grid.stencil, self._point_offsets(), self._g)
             fv.face_flux(fb, self._g, grid.owner, grid.neighbour, mom[0], self._flux)
             fv.cell_update(fa, fb, self._flux, grid.cell_faces, grid.cell_face_sign, grid.areas, dt, alpha,
@@ -304,8 +306,9 @@ class Solver:
             return
         if self._outflow is None:
             self._outflow = np.empty(grid.cell_faces.size)
-        fv.stage_update(fa, fb, grid.stencil, grid.stencil_coef, mom[1], grid.cell_inflow, grid.areas, dt,
-                        alpha, linear, opt.limiter != "none", self._outflow, out)
+        cls, coef = grid.stencil_classes
+        fv.stage_update(fa, fb, grid.stencil_offsets, cls, coef, mom[1], grid.inflow_offsets, grid.kernel_areas,
+                        dt, alpha, linear, opt.limiter != "none", self._outflow, out)
 
     def _point_offsets(self) -> np.ndarray:
         """X_g - xbar_i for every face Gauss point of every cell, (N, K, G, d) (for limiter="maximum")."""

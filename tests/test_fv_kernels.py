@@ -66,10 +66,33 @@ def twin_flux_pointwise(g, a, f, grad):
 
 def _face_side(g, a, a_prev, c):
     mom = np.empty((g.n_faces, fv.moment_width(g.dim)))
-    side = np.full(g.cell_faces.shape + (g.dim + 1,), np.nan)
+    side = np.full(g.cell_faces.shape + (g.dim,), np.nan)
     side[g.cell_face_sign == 0] = 0.0  # the caller's part: padding slots
-    fv.face_side_moments(a, a_prev, c, g.face_points, g.xbar, g.owner, g.neighbour, g.face_slots, mom, side)
+    fv.face_side_moments(a, a_prev, c, g.face_points, g.xbar, g.tangent_basis, g.owner, g.neighbour,
+                         g.face_slots, mom, side)
     return mom, side
+
+
+def _side(g, mom):
+    side = np.empty(g.cell_faces.shape + (g.dim,))
+    fv.side_moments(mom, g.tangent_basis, g.cell_faces, g.cell_face_sign, side)
+    return side
+
+
+def _limited_gradient(g, f, side, dt, limit, out, classes=True):
+    cls, coef = g.stencil_classes if classes else (np.arange(g.n_cells, dtype=np.int32), g.stencil_coef_local)
+    fv.limited_gradient(f, g.stencil, cls, coef, g.tangent_basis, side, g.areas, dt, limit, out)
+
+
+def _stage(g, fa, f, side, dt, alpha, linear, limit, outflow, out, classes=True):
+    # classes=False: per-cell coefficients and the per-cell area array (the kernel's general branch);
+    # True: the class table and, on HEALPix, the scalar area (the branch with constant trip counts)
+    if classes:
+        cls, coef, area = *g.stencil_classes, g.kernel_areas
+    else:
+        cls, coef, area = np.arange(g.n_cells, dtype=np.int32), g.stencil_coef_local, g.areas
+    fv.stage_update(fa, f, g.stencil_offsets, cls, coef, side, g.inflow_offsets, area, dt, alpha,
+                    linear, limit, outflow, out)
 
 
 def test_face_moments(setup):
@@ -91,11 +114,11 @@ def test_limited_gradient(setup, limit):
     mom = twin_moments(g, a)
     dt = 0.9 / np.max(np.abs(a).sum(1))  # a large step so the total-outflow bound binds somewhere
     out = np.empty((g.n_cells, 3))
-    side = np.empty((g.n_cells, 4, 4))
-    fv.side_moments(mom, g.cell_faces, g.cell_face_sign, side)
-    fv.limited_gradient(f, g.stencil, g.stencil_coef, side, g.areas, dt, limit, out)
+    side = _side(g, mom)
     ref = twin_gradient(g, f, mom, dt, limit)
-    assert np.allclose(out, ref, rtol=1e-12, atol=1e-14)
+    for classes in (True, False):
+        _limited_gradient(g, f, side, dt, limit, out, classes)
+        assert np.allclose(out, ref, rtol=1e-12, atol=1e-14)
     if limit:  # the limiter did something (else this test could not fail on it)
         assert np.any(np.abs(ref - twin_gradient(g, f, mom, dt, False)) > 1e-6)
 
@@ -157,16 +180,15 @@ def test_positivity_of_one_limited_euler_stage(setup):
     fv.cell_rates(mom, g.cell_faces, g.cell_face_sign, g.areas, rate, div)
     dt = 1.0 / rate.max()
     grad = np.empty((g.n_cells, 3))
-    side = np.empty((g.n_cells, 4, 4))
-    fv.side_moments(mom, g.cell_faces, g.cell_face_sign, side)
-    fv.limited_gradient(f, g.stencil, g.stencil_coef, side, g.areas, dt, True, grad)
+    side = _side(g, mom)
+    _limited_gradient(g, f, side, dt, True, grad)
     flux = np.empty(g.n_faces)
     fv.face_flux(f, grad, g.owner, g.neighbour, mom, flux)
     out = np.empty(g.n_cells)
     fv.cell_update(f, f, flux, g.cell_faces, g.cell_face_sign, g.areas, dt, 0.0, out)
     assert out.min() >= 0.0
     # without the limiter the same stage goes negative (so the test above can fail)
-    fv.limited_gradient(f, g.stencil, g.stencil_coef, side, g.areas, dt, False, grad)
+    _limited_gradient(g, f, side, dt, False, grad)
     fv.face_flux(f, grad, g.owner, g.neighbour, mom, flux)
     fv.cell_update(f, f, flux, g.cell_faces, g.cell_face_sign, g.areas, dt, 0.0, out)
     assert out.min() < 0.0
@@ -201,28 +223,26 @@ def test_stage_update_matches_twins(setup, linear, limit):
     rate = np.empty(g.n_cells)
     fv.cell_rates(mom, g.cell_faces, g.cell_face_sign, g.areas, rate, np.empty(g.n_cells))
     dt = 0.9 / rate.max()  # large: the total-outflow bound of the limiter binds somewhere
-    side = np.empty((g.n_cells, 4, 4))
-    fv.side_moments(mom, g.cell_faces, g.cell_face_sign, side)
+    side = _side(g, mom)
     fa = RNG.random(g.n_cells)
     out = np.empty(g.n_cells)
     outflow = np.empty(g.cell_faces.size)
-    fv.stage_update(fa, f, g.stencil, g.stencil_coef, side, g.cell_inflow, g.areas, dt, 0.25, linear, limit,
-                    outflow, out)
     grad = twin_gradient(g, f, mom, dt, limit) if linear else np.zeros((g.n_cells, 3))
     flux = twin_flux_pointwise(g, a, f, grad)
     net = np.zeros(g.n_cells)
     np.add.at(net, g.owner, flux)
     np.add.at(net, g.neighbour, -flux)
     ref = 0.25 * fa + 0.75 * (f - dt * net / g.areas)
+    # per-cell coefficients and the class table (the HEALPix loop with constant trip counts either way)
+    _stage(g, fa, f, side, dt, 0.25, linear, limit, outflow, out, classes=False)
     assert np.allclose(out, ref, rtol=1e-12, atol=1e-13)
+    _stage(g, fa, f, side, dt, 0.25, linear, limit, outflow, out)
     # conservation: the outflow slots and the inflow gather cancel in the total
     assert abs(np.sum((out - 0.25 * fa) * g.areas) - 0.75 * np.sum(f * g.areas)) < 1e-13
     if limit:  # one forward-Euler stage at this dt keeps f >= 0 with the limiter, not without
-        fv.stage_update(f, f, g.stencil, g.stencil_coef, side, g.cell_inflow, g.areas, dt, 0.0, True, True,
-                        outflow, out)
+        _stage(g, f, f, side, dt, 0.0, True, True, outflow, out)
         assert out.min() >= 0.0
-        fv.stage_update(f, f, g.stencil, g.stencil_coef, side, g.cell_inflow, g.areas, dt, 0.0, True, False,
-                        outflow, out)
+        _stage(g, f, f, side, dt, 0.0, True, False, outflow, out)
         assert out.min() < 0.0
 
 
@@ -261,8 +281,61 @@ def test_face_side_moments_every_dimension(grid):
         mom, side = _face_side(grid, a, a_prev, c)
         assert np.allclose(mom, twin_moments(grid, a + c * (a - a_prev)), rtol=1e-13, atol=1e-15)
         ref = np.empty_like(side)
-        fv.side_moments(mom, grid.cell_faces, grid.cell_face_sign, ref)
+        fv.side_moments(mom, grid.tangent_basis, grid.cell_faces, grid.cell_face_sign, ref)
         assert np.array_equal(side, ref)
+        # the frame components are the ambient moments projected on the tangent frame (NumPy twin)
+        own = grid.cell_face_sign > 0
+        fc = grid.cell_faces
+        Q = np.where(own[..., None], mom[fc][..., 1:1 + d], -mom[fc][..., 2 + d:])
+        Q = np.einsum("nkc,ntc->nkt", Q, grid.tangent_basis)
+        real = grid.cell_face_sign != 0
+        assert np.allclose(side[..., 1:][real], Q[real], rtol=1e-13, atol=1e-15)
     assert mom.shape[1] == 2 + 2 * d
     if not isinstance(grid, HealpixGrid) and grid.dim > 2:
         assert (grid.cell_face_sign == 0).any()  # the case covers padding slots
+
+
+def test_stage_update_generic_loop_matches_twins():
+    """The generic loop of the stage kernel (trip counts from the arrays: a tensor grid of S^2, whose
+    stencils and face lists differ from HEALPix's 8 and 4) against the same NumPy twins."""
+    from spherepde.grids import TensorGrid
+
+    g = TensorGrid(3, 8)
+    assert (g.stencil.shape[1], g.cell_faces.shape[1]) != (8, 4)
+    model = ZeroTemperature(np.array([[1.0, 0.3, 0.0], [0.1, -1.0, 0.2], [0.0, 0.4, 0.8]]), np.eye(3))
+    F, G, d = g.face_points.shape
+    a = np.einsum("fgk,fgk->fg", model.velocity(g.face_points.reshape(-1, 3)).reshape(F, G, 3), g.face_normals)
+    f = np.exp(RNG.normal(size=g.n_cells))
+    mom = twin_moments(g, a)
+    rate = np.empty(g.n_cells)
+    fv.cell_rates(mom, g.cell_faces, g.cell_face_sign, g.areas, rate, np.empty(g.n_cells))
+    dt = 0.9 / rate.max()
+    fa = RNG.random(g.n_cells)
+    out = np.empty(g.n_cells)
+    grad = twin_gradient(g, f, mom, dt, True)
+    flux = twin_flux_pointwise(g, a, f, grad)
+    net = np.zeros(g.n_cells)
+    np.add.at(net, g.owner, flux)
+    np.add.at(net, g.neighbour, -flux)
+    ref = 0.25 * fa + 0.75 * (f - dt * net / g.areas)
+    _stage(g, fa, f, _side(g, mom), dt, 0.25, True, True, np.empty(g.cell_faces.size), out)
+    assert np.allclose(out, ref, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("nside", [1, 4, 16])
+def test_stencil_classes(nside):
+    """HEALPix cells that a rotation about the z axis maps onto each other share a class: the table has
+    far fewer rows than cells, and every cell's row equals its own coefficients to 1e-12 relative (the
+    coefficients' own rounding is ~1e-14 of them at these sizes)."""
+    g = HealpixGrid(nside)
+    cls, table = g.stencil_classes
+    coef = g.stencil_coef_local
+    assert np.abs(table[cls] - coef).max() <= 1e-12 * np.abs(coef).max()
+    assert cls[0] == 0 and np.all(np.diff(np.maximum.accumulate(cls)) <= 1)  # numbered by first use
+    if nside >= 4:
+        assert len(table) < g.n_cells / 4
+    # the frames are orthonormal and tangent at xbar
+    B = g.tangent_basis
+    n = g.xbar / np.linalg.norm(g.xbar, axis=1, keepdims=True)
+    assert np.allclose(np.einsum("ntd,nsd->nts", B, B), np.eye(2), atol=1e-14)
+    assert np.abs(np.einsum("ntd,nd->nt", B, n)).max() < 1e-14

@@ -10,8 +10,10 @@ A grid's job is geometry only. The finite-volume kernels see flat arrays, never 
   midpoint for reference;
 - cell-to-face incidence ``cell_faces`` (N, K) and ``cell_face_sign`` (N, K) (+1 owner, -1 neighbour,
   0 padding with face index 0);
-- a least-squares gradient stencil ``stencil`` (N, S) and coefficient vectors ``stencil_coef`` (N, S, d):
-  grad f_i = sum_k coef[i, k] (f[stencil[i, k]] - f[i]) (padding: index i, coefficient 0).
+- a least-squares gradient stencil ``stencil`` (N, S), tangent frames ``tangent_basis`` (N, d-1, d) and
+  the coefficients in those frames ``stencil_coef_local`` (N, S, d-1):
+  grad f_i = sum_k,t coef[i, k, t] (f[stencil[i, k]] - f[i]) basis[i, t] (padding: index i, coefficient
+  0); ``stencil_coef`` (N, S, d) is the same in ambient coordinates.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from functools import cached_property
 
 import numpy as np
 
-__all__ = ["Grid", "least_squares_stencil", "incidence"]
+__all__ = ["Grid", "least_squares_stencil", "tangent_frames", "stencil_classes", "incidence"]
 
 
 class Grid:
@@ -37,7 +39,8 @@ class Grid:
     cell_faces: np.ndarray
     cell_face_sign: np.ndarray
     stencil: np.ndarray
-    stencil_coef: np.ndarray
+    stencil_coef_local: np.ndarray
+    tangent_basis: np.ndarray
 
     @property
     def n_cells(self) -> int:
@@ -50,6 +53,20 @@ class Grid:
     @property
     def total_area(self) -> float:
         return float(self.areas.sum())
+
+    @cached_property
+    def stencil_coef(self) -> np.ndarray:
+        """(N, S, d) least-squares coefficient vectors in the ambient space:
+        grad f_i = sum_k coef[i, k] (f[stencil[i, k]] - f[i])."""
+        return np.einsum("nst,ntd->nsd", self.stencil_coef_local, self.tangent_basis)
+
+    @cached_property
+    def stencil_classes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(cls (N,) int32, table (C, S, d-1)): the frame coefficients ``stencil_coef_local`` with cells of
+        equal coefficients (cells a symmetry of the grid maps onto each other) sharing one table row;
+        ``table[cls[i]]`` equals ``stencil_coef_local[i]`` to 1e-12 relative. HEALPix nside 256: 67332
+        rows for 786432 cells, so the stage kernel streams a class index instead of 128 bytes."""
+        return stencil_classes(self.stencil_coef_local)
 
     @cached_property
     def cell_inflow(self) -> np.ndarray:
@@ -70,6 +87,26 @@ class Grid:
             raise RuntimeError("cell_faces is not symmetric: a face is missing from a neighbour's list")
         own = cells * K + np.arange(K)[None, :]
         return np.where(real, other * K + slot, own).astype(np.int32)
+
+    @cached_property
+    def stencil_offsets(self) -> np.ndarray:
+        """(N, S) ``stencil[i] - i``, int16 where that fits (else int32): what the stage kernel reads (on
+        ordered grids the neighbours are near in index; HEALPix RING: |offset| <= ~8 nside)."""
+        return _small_ints(self.stencil.astype(np.int64) - np.arange(self.n_cells)[:, None])
+
+    @cached_property
+    def inflow_offsets(self) -> np.ndarray:
+        """(N, K) ``cell_inflow[i] - i * K``, int16 where that fits (else int32)."""
+        K = self.cell_faces.shape[1]
+        return _small_ints(self.cell_inflow.astype(np.int64) - K * np.arange(self.n_cells)[:, None])
+
+    @cached_property
+    def kernel_areas(self) -> np.ndarray:
+        """``areas``, or a (1,) array when all cells have the same area (HEALPix): the kernels then read
+        one number instead of streaming N."""
+        if self.n_cells and np.all(self.areas == self.areas[0]):
+            return self.areas[:1].copy()
+        return self.areas
 
     @cached_property
     def face_slots(self) -> np.ndarray:
@@ -110,6 +147,13 @@ class Grid:
         return net / self.areas
 
 
+def _small_ints(a: np.ndarray) -> np.ndarray:
+    """``a`` as int16 if every value fits, else int32."""
+    if a.size == 0 or (a.min() >= np.iinfo(np.int16).min and a.max() <= np.iinfo(np.int16).max):
+        return np.ascontiguousarray(a.astype(np.int16))
+    return np.ascontiguousarray(a.astype(np.int32))
+
+
 def incidence(owner: np.ndarray, neighbour: np.ndarray, n_cells: int, width: int):
     """Cell-to-face incidence arrays from the face lists (padding: face 0 with sign 0)."""
     faces = np.zeros((n_cells, width), dtype=np.int32)  # int32/int8: less memory traffic in kernels
@@ -129,37 +173,100 @@ def incidence(owner: np.ndarray, neighbour: np.ndarray, n_cells: int, width: int
     return faces, sign, count
 
 
-def least_squares_stencil(xbar: np.ndarray, neighbours: np.ndarray) -> np.ndarray:
-    """Coefficient vectors of the least-squares gradient in the tangent plane at each cell.
+def least_squares_stencil(xbar: np.ndarray, neighbours: np.ndarray, basis: np.ndarray | None = None):
+    """Coefficients of the least-squares gradient in the tangent plane at each cell, in a tangent frame.
 
     Parameters
     ----------
     xbar : (N, d) cell mean positions.
     neighbours : (N, S) neighbour indices, -1 where absent.
+    basis : (N, d-1, d), optional
+        Orthonormal tangent frames at xbar / |xbar|; default :func:`tangent_frames`.
 
     Returns
     -------
-    coef : (N, S, d) with grad f_i = sum_k coef[i, k] (f_nb - f_i); zero rows for absent neighbours.
+    coef : (N, S, d-1)
+        grad f_i = sum_k coef[i, k, t] (f_nb - f_i) basis[i, t] (summed over t); zero rows for absent
+        neighbours.
+    basis : (N, d-1, d)
+        The frames used.
 
     Notes
     -----
     Minimises sum_k w_k (f_k - f_i - g . (xbar_k - xbar_i))^2 over g in the tangent space at
-    xbar_i / |xbar_i| (dimension d - 1), with weights w_k = 1 / |xbar_k - xbar_i|^2.
+    xbar_i / |xbar_i| (dimension d - 1), with weights w_k = 1 / |xbar_k - xbar_i|^2. The gradient is
+    the same vector in any frame; the frame only decides which d - 1 numbers the kernels store (the
+    stage kernel works in the frame: d - 1 coefficients per neighbour instead of d).
     """
     N, S = neighbours.shape
     present = neighbours >= 0
     nb = np.where(present, neighbours, np.arange(N)[:, None])
     diff = xbar[nb] - xbar[:, None, :]  # (N, S, d)
-    nrm = xbar / np.linalg.norm(xbar, axis=1, keepdims=True)
-    # tangent basis at each cell: complete nrm to an orthonormal frame
-    basis = _tangent_basis(nrm)  # (N, d-1, d)
+    if basis is None:
+        basis = tangent_frames(xbar)
     local = np.einsum("nsd,ntd->nst", diff, basis)  # (N, S, d-1)
     dist2 = np.einsum("nsd,nsd->ns", diff, diff)
     w = np.where(present, 1.0 / np.where(dist2 > 0, dist2, 1.0), 0.0)
     normal = np.einsum("ns,nst,nsu->ntu", w, local, local)  # (N, d-1, d-1)
     inv = np.linalg.inv(normal)
-    coef_local = np.einsum("ntu,ns,nsu->nst", inv, w, local)  # (N, S, d-1)
-    return np.einsum("nst,ntd->nsd", coef_local, basis)
+    coef = np.einsum("ntu,ns,nsu->nst", inv, w, local)  # (N, S, d-1)
+    return np.ascontiguousarray(coef), np.ascontiguousarray(basis)
+
+
+def tangent_frames(xbar: np.ndarray) -> np.ndarray:
+    """Orthonormal tangent frames (N, d-1, d) at the directions of the rows of ``xbar``.
+
+    On S^2 (d = 3), away from the z axis: (e_phi, e_theta), which rotations about the z axis carry
+    into each other, so cells that such a rotation maps onto each other (HEALPix rings, tensor
+    grids) get equal stencil coefficients (:attr:`Grid.stencil_classes`). Otherwise a Householder
+    completion of the unit normal.
+    """
+    n = xbar / np.linalg.norm(xbar, axis=1, keepdims=True)
+    N, d = n.shape
+    if d == 3:
+        rho = np.hypot(n[:, 0], n[:, 1])
+        if N and rho.min() > 1e-6:
+            zero = np.zeros(N)
+            e_phi = np.stack([-n[:, 1] / rho, n[:, 0] / rho, zero], axis=1)
+            e_theta = np.stack([n[:, 2] * n[:, 0] / rho, n[:, 2] * n[:, 1] / rho, -rho], axis=1)
+            return np.stack([e_phi, e_theta], axis=1)
+    return _tangent_basis(n)
+
+
+def stencil_classes(coef: np.ndarray, rel: float = 1e-12):
+    """Group cells whose stencil coefficients agree (symmetric cells), for a smaller coefficient table.
+
+    Parameters
+    ----------
+    coef : (N, S, t) per-cell coefficients.
+    rel : float
+        Cells are merged only if every coefficient agrees to ``rel`` times the largest coefficient
+        (the coefficients' own rounding is ~1e-13 of it on fine grids).
+
+    Returns
+    -------
+    cls : (N,) int32
+        Class of each cell, numbered by first appearance (so consecutive cells read nearby rows).
+    table : (C, S, t)
+        One cell's coefficients per class; ``table[cls]`` equals ``coef`` to ``rel``.
+    """
+    N = coef.shape[0]
+    flat = coef.reshape(N, -1)
+    scale = float(np.abs(flat).max()) if flat.size else 1.0
+    scale = scale if scale > 0 else 1.0
+    # a grid of step 1e-9 relative: symmetric cells (differing by rounding, ~1e-13) share a key unless
+    # a value sits on a rounding boundary (then the class is split: harmless, only a larger table)
+    key = np.round(flat / (scale * 1e-9)).astype(np.int64)
+    _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    cls = rank[inverse].astype(np.int32)
+    table = np.ascontiguousarray(coef[first[order]])
+    if np.abs(table[cls] - coef).max() > rel * scale:  # pragma: no cover - keys equal means within 1e-9
+        return np.arange(N, dtype=np.int32), np.ascontiguousarray(coef)
+    return cls, table
 
 
 def _tangent_basis(n: np.ndarray) -> np.ndarray:

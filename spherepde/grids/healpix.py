@@ -74,7 +74,7 @@ class HealpixGrid(Grid):
         self.xbar = np.einsum("nqd,q->nd", self.cell_points, self.cell_weights)
         nbrs = hp.get_all_neighbours(ns, pix).T  # (N, 8), -1 where absent (corners only)
         self.stencil = np.where(nbrs >= 0, nbrs, pix[:, None]).astype(np.int32)
-        self.stencil_coef = least_squares_stencil(self.xbar, nbrs)
+        self.stencil_coef_local, self.tangent_basis = least_squares_stencil(self.xbar, nbrs)
 
     def __repr__(self):
         return f"HealpixGrid(nside={self.nside}, n_cells={self.n_cells})"

@@ -426,7 +426,7 @@ class TensorGrid(Grid):
         nbrs = np.full((self.n_cells, S), -1, dtype=np.int64)
         nbrs[a, posn] = b
         self.stencil = np.where(nbrs >= 0, nbrs, np.arange(self.n_cells)[:, None]).astype(np.int64)
-        self.stencil_coef = least_squares_stencil(self.xbar, nbrs)
+        self.stencil_coef_local, self.tangent_basis = least_squares_stencil(self.xbar, nbrs)
         self.stencil_neighbours = nbrs
 
     # ------------------------------------------------------------------ points
