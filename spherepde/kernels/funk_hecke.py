@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 from concurrent.futures import ThreadPoolExecutor
 
+import numba
 import numpy as np
 
 from .attention import sph_bessel_scaled, sph_tail
@@ -185,6 +186,46 @@ def _loc(P):
     return np.ascontiguousarray(np.stack([th, ph], axis=1))
 
 
+@numba.njit(parallel=True, cache=True)
+def _barycentric(kb, kn, bw, G, F, absum):
+    """Barycentric interpolation (second kind) of the node values G (n + 1, 4, m) at the targets' kappa
+    ``kb`` (m,): F (m, 4), and absum (m,) = sum_k |l_k(kappa)| |G[k, 0]| for the rounding bound. A kappa
+    on a node takes that node's values (nodes of a tiny interval may coincide: the first)."""
+    m = kb.shape[0]
+    n1 = kn.shape[0]
+    for i in numba.prange(m):
+        hit = -1
+        for k in range(n1):
+            if kb[i] == kn[k]:
+                hit = k
+                break
+        if hit >= 0:
+            for q in range(4):
+                F[i, q] = G[hit, q, i]
+            absum[i] = abs(G[hit, 0, i])
+            continue
+        tsum = 0.0
+        for k in range(n1):
+            tsum += bw[k] / (kb[i] - kn[k])
+        a0 = 0.0
+        a1 = 0.0
+        a2 = 0.0
+        a3 = 0.0
+        ab = 0.0
+        for k in range(n1):
+            lag = (bw[k] / (kb[i] - kn[k])) / tsum
+            a0 += lag * G[k, 0, i]
+            a1 += lag * G[k, 1, i]
+            a2 += lag * G[k, 2, i]
+            a3 += lag * G[k, 3, i]
+            ab += abs(lag) * abs(G[k, 0, i])
+        F[i, 0] = a0
+        F[i, 1] = a1
+        F[i, 2] = a2
+        F[i, 3] = a3
+        absum[i] = ab
+
+
 def spectral_sums(U, kappa, Y, W, bins, order, nthreads):
     """Shifted sums F (M, 4) = sum_j W_j exp(kappa_i (<u_i, y_j> - 1)) (1, y_j) and the bound delta (M,)
     of |F_hat - F| per component (see module notes), for the plan ``bins`` on targets sorted by
@@ -226,16 +267,29 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads):
         G = np.empty((n + 1, 4, i1 - i0))
         tails = 0.0
         rms = 0.0
+        # the bin's degree L is set by its largest kappa; a smaller node kappa needs fewer degrees for the
+        # same tail (tail_L grows with kappa), so each node gets the least Lk with a tail no larger than
+        # the top node's: the bound below (max over nodes) is unchanged, the syntheses cost ~Lk^2
+        tail_ref = sph_tail(float(kn.max()), L, max(30, int(kn.max()) + 30))
         for k, kap in enumerate(kn):
-            il, tail = sph_bessel_scaled(float(kap), L, max(30, int(kap) + 30))
+            ext = max(30, int(kap) + 30)
+            Lk = L
+            lo = 0
+            while lo < Lk:
+                mid = (lo + Lk) // 2
+                if sph_tail(float(kap), mid, ext) <= tail_ref:
+                    Lk = mid
+                else:
+                    lo = mid + 1
+            il, tail = sph_bessel_scaled(float(kap), Lk, ext)
             tails = max(tails, tail)
             cl = 4.0 * np.pi * il
             cfull = np.zeros(Lmax + 1)
-            cfull[:L + 1] = cl
+            cfull[:Lk + 1] = cl
             cl_lm = cfull[lidx]
             for q in range(4):
-                jobs.append((b, k, q, alm[q] * cl_lm, L))
-                rms = max(rms, math.sqrt(float(np.dot(cl * cl, pw[q][:L + 1])) / (4.0 * np.pi)))
+                jobs.append((b, k, q, alm[q] * cl_lm, Lk))
+                rms = max(rms, math.sqrt(float(np.dot(cl * cl, pw[q][:Lk + 1])) / (4.0 * np.pi)))
         info.append((loc, kn, tails, rms, G))
 
     def synth(job):
@@ -259,22 +313,8 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads):
             bw = (-1.0) ** np.arange(n + 1)
             bw[0] *= 0.5
             bw[-1] *= 0.5
-            diff = kb[:, None] - kn[None, :]
-            hit = diff == 0.0
-            with np.errstate(divide="ignore", invalid="ignore"):
-                t = bw[None, :] / diff
-                lag = t / t.sum(axis=1, keepdims=True)
-            rows = hit.any(axis=1)
-            if rows.any():  # kappa on a node (nodes of a tiny interval may coincide: take one)
-                lag[rows] = 0.0
-                lag[np.nonzero(rows)[0], np.argmax(hit[rows], axis=1)] = 1.0
-            lagT = np.ascontiguousarray(lag.T)
-            acc = np.zeros((4, i1 - i0))
-            absum = np.zeros(i1 - i0)
-            for k in range(n + 1):
-                acc += lagT[k] * G[k]
-                absum += np.abs(lagT[k]) * np.abs(G[k, 0])
-            Fs[i0:i1] = acc.T
+            absum = np.empty(i1 - i0)
+            _barycentric(np.ascontiguousarray(kb), kn, bw, G, Fs[i0:i1], absum)
             # rounding of the interpolation (weights and sums): |G^q| <= |G^0| up to the transform error
             rnd = 4.0 * (n + 2) * EPS * absum
         lam = lebesgue(n)
