@@ -29,7 +29,8 @@ import math
 import numba as nb
 import numpy as np
 
-from .fastexp import fexp, fexp_floor, fexp_ftz
+from .fastexp import (EXP_FLOOR, LN2, LN2_LO, P1, P2, P3, P4, P5, P6, P7, P8, P9, P10, SHIFTER_BIASED, _f2i, _i2f, fexp,
+                      fexp_floor, fexp_ftz, fma, opaque, poly10)
 
 __all__ = ["direct3", "direct3_sums", "direct_nd", "pruned", "pruned3", "sph_tail", "sph_bessel_scaled", "sph_coeffs",
            "sph_eval", "sph_recurrence"]
@@ -41,25 +42,81 @@ _FM = {"reassoc", "contract", "nsz", "arcp"}
 TINY = 1e-200
 
 
+_LOG2E = 1.4426950408889634
+#: Sources per block of :func:`direct3`: the two 2 KB buffers and the block's 8 KB of sources stay in L1.
+_BLOCK = 256
+#: Targets per parallel chunk of :func:`direct3` (each chunk allocates its own buffers and partial sums).
+_TCHUNK = 32
+
+
 @nb.njit(fastmath=_FM, inline="always")
-def _sum3(ux, uy, uz, h, sx, sy, sz, W, j0, n):
-    """Shifted sums with exp floored at exp(-600) (:func:`fexp_floor`): for weights W <= 1 each term is
-    off by < 2.7e-261 absolute, so N of them are < 1e-56 relative to any sum above TINY."""
+def _reduce3(ux, uy, uz, nh, nhl, qmax, sx, sy, sz, W, n, R, SW):
+    """Stage 1 of :func:`_sum3`: W_j exp(-h q_j) = SW_j exp(R_j), q_j = min(|u - y_j|^2, qmax).
+
+    exp(x) = 2^k e^r with k = round(x log2 e), r = x - k ln 2 by two explicit FMAs (LLVM does not merge
+    them, as it does ``x - k LN2_HI - k LN2_LO`` under 'reassoc'), SW = W 2^k: with :func:`_accum3` the
+    exp is within 8e-16 relative of exp(-h q) on [-600, 0] (see tests). ``nh = -h``, ``nhl = -h log2 e``;
+    ``qmax = 600 / h`` keeps x >= EXP_FLOOR (so k + 1023 > 0). Constants through :func:`opaque`: kept in
+    registers instead of re-broadcast from the constant pool in the loop.
+    """
+    mln2 = opaque(-LN2)
+    sb = opaque(SHIFTER_BIASED)
+    mlo = opaque(-LN2_LO)
+    for j in range(n):
+        ax = ux - sx[j]
+        ay = uy - sy[j]
+        az = uz - sz[j]
+        q = min(ax * ax + ay * ay + az * az, qmax)
+        # k = round(x log2 e): kb = x log2 e + 1.5 2^52 + 1023 rounds once, to an integer whose low
+        # mantissa bits are k + 1023 (the exponent field of 2^k after << 52); kb - sb is exact, and
+        # not folded to x log2 e: sb is opaque to 'reassoc'. Saves the vroundpd of np.floor.
+        kb = fma(q, nhl, sb)
+        kf = kb - sb
+        R[j] = fma(kf, mlo, fma(kf, mln2, nh * q))
+        SW[j] = W[j] * _i2f(_f2i(kb) << 52)
+
+
+@nb.njit(fastmath=_FM, inline="always")
+def _accum3(sx, sy, sz, n, R, SW):
+    """Stage 2 of :func:`_sum3`: sum_j SW_j p(R_j) (1, y_j), p the degree-10 minimax exp of fastexp."""
+    one = opaque(1.0)
+    c1 = opaque(P1)
+    c2 = opaque(P2)
+    c3 = opaque(P3)
+    c4 = opaque(P4)
+    c5 = opaque(P5)
+    c6 = opaque(P6)
+    c7 = opaque(P7)
+    c8 = opaque(P8)
+    c9 = opaque(P9)
+    c10 = opaque(P10)
     d = 0.0
     nx = 0.0
     ny = 0.0
     nz = 0.0
-    for jj in range(n):
-        j = j0 + jj
-        ax = ux - sx[j]
-        ay = uy - sy[j]
-        az = uz - sz[j]
-        e = W[j] * fexp_floor(-h * (ax * ax + ay * ay + az * az))
+    for j in range(n):
+        e = poly10(R[j], one, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10) * SW[j]
         d += e
         nx += e * sx[j]
         ny += e * sy[j]
         nz += e * sz[j]
     return d, nx, ny, nz
+
+
+@nb.njit(fastmath=_FM, inline="always")
+def _sum3(ux, uy, uz, h, sx, sy, sz, W, R, SW):
+    """Shifted sums sum_j W_j exp(-h |u - y_j|^2) (1, y_j) over one block of sources (``sx.size <= R.size``),
+    exp floored at exp(-600): for weights W <= 1 each term is off by < 2.7e-261 absolute, so N of them
+    are < 1e-56 relative to any sum above TINY.
+
+    Two vectorised stages through the buffers R, SW (:func:`_reduce3`, :func:`_accum3`): each loop is
+    short enough to keep its constants in registers and its dependency chains overlapped, where the
+    former single loop (with :func:`fexp_floor`) spilled and was latency-bound. Requires a finite h >= 0.
+    """
+    n = sx.size
+    qmax = -EXP_FLOOR / h if h > 0.0 else 4.0
+    _reduce3(ux, uy, uz, -h, -h * _LOG2E, qmax, sx, sy, sz, W, n, R, SW)
+    return _accum3(sx, sy, sz, n, R, SW)
 
 
 @nb.njit(fastmath=_FM, inline="always")
@@ -150,20 +207,44 @@ def direct3(U, kappa, S, W, LW, out):
     sx = S[0]
     sy = S[1]
     sz = S[2]
-    # weights scaled to max 1 (m is invariant): the floor of fexp_floor is then negligible (_sum3)
+    # weights scaled to max 1 (m is invariant): the floor of the exp is then negligible (_sum3)
     Wn = W / W.max()
-    for i in nb.prange(M):
-        ux = U[i, 0]
-        uy = U[i, 1]
-        uz = U[i, 2]
-        h = 0.5 * kappa[i]
-        d, nx, ny, nz = _sum3(ux, uy, uz, h, sx, sy, sz, Wn, 0, N)
-        if not d > TINY:
-            shift = _max3_log(ux, uy, uz, h, sx, sy, sz, LW, 0, N)
-            d, nx, ny, nz = _sum3_log(ux, uy, uz, h, sx, sy, sz, LW, shift, 0, N)
-        out[i, 0] = nx / d
-        out[i, 1] = ny / d
-        out[i, 2] = nz / d
+    # targets in chunks, sources in blocks of _BLOCK (outer): a block (8 KB) stays in L1 for the whole
+    # chunk instead of streaming all N sources from L3 once per target (N = 49152: 1.5 MB)
+    for c in nb.prange((M + _TCHUNK - 1) // _TCHUNK):
+        i0 = c * _TCHUNK
+        i1 = min(M, i0 + _TCHUNK)
+        R = np.empty(_BLOCK)
+        SW = np.empty(_BLOCK)
+        acc = np.zeros((i1 - i0, 4))
+        for j0 in range(0, N, _BLOCK):
+            j1 = min(N, j0 + _BLOCK)
+            # slices, not offsets: unit stride visible to LLVM, so the loads vectorise
+            bx = sx[j0:j1]
+            by = sy[j0:j1]
+            bz = sz[j0:j1]
+            bw = Wn[j0:j1]
+            for i in range(i0, i1):
+                d, nx, ny, nz = _sum3(U[i, 0], U[i, 1], U[i, 2], 0.5 * kappa[i], bx, by, bz, bw, R, SW)
+                acc[i - i0, 0] += d
+                acc[i - i0, 1] += nx
+                acc[i - i0, 2] += ny
+                acc[i - i0, 3] += nz
+        for i in range(i0, i1):
+            d = acc[i - i0, 0]
+            nx = acc[i - i0, 1]
+            ny = acc[i - i0, 2]
+            nz = acc[i - i0, 3]
+            if not d > TINY:
+                ux = U[i, 0]
+                uy = U[i, 1]
+                uz = U[i, 2]
+                h = 0.5 * kappa[i]
+                shift = _max3_log(ux, uy, uz, h, sx, sy, sz, LW, 0, N)
+                d, nx, ny, nz = _sum3_log(ux, uy, uz, h, sx, sy, sz, LW, shift, 0, N)
+            out[i, 0] = nx / d
+            out[i, 1] = ny / d
+            out[i, 2] = nz / d
 
 
 @nb.njit(parallel=True, fastmath=_FM, cache=True)
