@@ -279,6 +279,18 @@ def test_velocity_api_and_validation():
     with pytest.raises(ValueError):
         model.mean_field(G.centers, G.centers, -np.ones(192))
     Attention(np.zeros((3, 3)), V, 1.0).mean_field(G.centers, G.centers, f)  # singular B is allowed
+    # kappa up to KAPPA_MAX stays finite, also for targets far from all mass (weights on one cap only);
+    # beyond it a clear error instead of the NaN the log-domain shift would give at ~1e50
+    from spherepde.models.attention import KAPPA_MAX
+
+    cap = np.where(G.centers[:, 2] > 0.5, f, 0.0) * G.areas
+    for meth in ("direct", "auto"):
+        m = Attention(np.eye(3), V, KAPPA_MAX).mean_field(G.centers, G.centers, cap, method=meth)
+        assert np.all(np.isfinite(m)) and np.all(np.linalg.norm(m, axis=1) <= 1 + 1e-12)
+    with pytest.raises(ValueError, match="beta \\* \\|\\|B\\|\\|_2"):
+        Attention(np.eye(3), V, 2 * KAPPA_MAX)
+    with pytest.raises(ValueError, match="beta \\* \\|\\|B\\|\\|_2"):
+        Attention(1e15 * np.eye(3), V, 1e4)
 
 
 def test_source_blocks_are_compact_and_a_partition():

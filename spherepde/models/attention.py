@@ -54,6 +54,11 @@ METHODS = ("auto", "direct", "pruned", "spectral")
 #: Sources per block and blocks per super-block of the pruned method.
 BLOCK = 64
 SUPER = 16
+#: Largest accepted beta * ||B||_2 (the largest kernel concentration kappa). The kernels were checked
+#: finite and exact up to kappa = 1e20; at ~1e50 the log-domain shift of targets far from all mass
+#: cancels catastrophically (NaN). No attention model of interest comes near this.
+KAPPA_MAX = 1e18
+
 #: Measured throughput of the direct kernel (kernel evaluations per CPU second, AVX2), for the cost
 #: model of ``method="auto"``; the pruned method's exact sums run at about the same rate.
 DIRECT_RATE = 0.55e9
@@ -237,6 +242,13 @@ class Attention(Model):
         B = as_matrix(self.B, "B")
         V = as_matrix(self.V, "V", d=B.shape[0])
         tol = finite_float(self.tol, "tol", low=0.0, low_open=True, high=0.1)
+        kmax = b * float(np.linalg.norm(B, 2))
+        if kmax > KAPPA_MAX:
+            raise ValueError(
+                f"beta * ||B||_2 = {kmax:.3e} exceeds {KAPPA_MAX:.0e}: the kernel concentrations kappa = "
+                "beta |B^T x| are beyond the range where the shifted exponents keep their accuracy (far "
+                "from all mass their log-domain shift cancels); allowed: beta >= 0 with beta * ||B||_2 <= "
+                f"{KAPPA_MAX:.0e} (beta = inf: use spherepde.ZeroTemperature)")
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         object.__setattr__(self, "B", B)
