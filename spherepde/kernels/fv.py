@@ -213,14 +213,16 @@ def _positivity_theta(i, fi, g0, g1, g2, side, capf, K, DL):
     for k in range(K):
         q = side[i, k, 0]
         gq = _side_dot(i, k, side, g0, g1, g2, DL)
-        # outflow through this face, q fi + theta gq, must stay >= 0
-        if gq < 0.0 and q * fi + gq < 0.0:
+        # outflow through this face, q fi + theta gq, must stay >= 0. q fi >= 0, so the test implies
+        # gq < 0; testing gq < 0 first (a coin flip per face) cost ~25 cycles per cell in mispredicted
+        # branches, this test is rarely true
+        if q * fi + gq < 0.0:
             theta = min(theta, (1.0 - OUTFLOW_MARGIN) * q * fi / (-gq))
         s0 += q
         s1 += gq
     s0 *= fi
     cap = capf * fi
-    if s1 > 0.0 and s0 + theta * s1 > cap:
+    if s0 + theta * s1 > cap and s1 > 0.0:  # the rare condition first (s1 > 0 is a coin flip)
         theta = min(theta, max(cap - s0, 0.0) / s1)
     return theta
 
