@@ -15,6 +15,11 @@ of cell c through each of its faces, q f_c + theta g_c . Q, must be >= 0 (so eve
 the total outflow over the stage must not exceed the cell's content f_c |C| / dt. Then one forward-Euler
 stage keeps every cell average >= 0, and SSP Runge-Kutta steps (convex combinations of such stages)
 keep it too. On resolved positive solutions theta = 1 and the scheme is second order.
+
+The per-cell kernels store gradients and the cell-major moments Q in each cell's tangent frame
+(``Grid.tangent_basis``, d - 1 components): g . Q is the same number in any frame, and d - 1 numbers per
+neighbour and per face are fewer bytes to stream. The face-major moments ``mom`` stay in ambient
+coordinates.
 """
 from __future__ import annotations
 
