@@ -23,7 +23,7 @@ coordinates.
 """
 from __future__ import annotations
 
-from numba import njit, prange
+from numba import njit, prange, uint64
 
 __all__ = [
     "face_side_moments",
@@ -343,7 +343,9 @@ def _cell_outflows(i, fb, stencil, coef, ci, side, capf, linear, limit, outflow,
     if linear:
         g0 = 0.0
         for k in range(S):
-            df = fb[i + stencil[i, k]] - fi
+            # unsigned index: numba adds a negative-index wraparound to every signed one (i + offset is a
+            # valid cell, so >= 0); measured 8% on the whole kernel, one core
+            df = fb[uint64(i + stencil[i, k])] - fi
             g0 += coef[ci, k, 0] * df
             if DL > 1:
                 g1 += coef[ci, k, 1] * df
@@ -363,7 +365,7 @@ def _cell_net(i, fa, fb, inflow, outflow, r, alpha, out, K):
     """Pass 2 of :func:`stage_update` for cell i: own outflows minus inflows, then the stage value."""
     s = 0.0
     for k in range(K):
-        s += outflow[i * K + k] - outflow[i * K + inflow[i, k]]
+        s += outflow[i * K + k] - outflow[uint64(i * K + inflow[i, k])]  # unsigned: as in _cell_outflows
     out[i] = _stage_value(fa[i], fb[i], s, r, alpha)
 
 
