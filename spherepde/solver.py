@@ -191,6 +191,7 @@ class Solver:
         self._rate = np.empty(N)
         self._div = np.empty(N)
         self._buffers = [np.empty(N), np.empty(N)]  # stage outputs; never alias self.f
+        self._extrema = None  # (f, min f, max f) of the state step() just made, for _record
         self.l0 = float(self.f.min())
         self.diag = {k: [] for k in ("time", "mass", "min", "max", "sup_div", "dt")}
         self._mom = self._moments(self.t, self.f)  # moments of the current state, reused by step()
@@ -335,7 +336,7 @@ class Solver:
         d = self.diag
         d["time"].append(self.t)
         d["mass"].append(self.grid.mass(self.f))
-        ext = getattr(self, "_extrema", None)
+        ext = self._extrema
         lo, hi = ext[1:] if ext is not None and ext[0] is self.f else (float(self.f.min()), float(self.f.max()))
         d["min"].append(lo)
         d["max"].append(hi)

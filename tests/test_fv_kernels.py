@@ -237,6 +237,7 @@ def test_stage_update_matches_twins(setup, linear, limit):
     _stage(g, fa, f, side, dt, 0.25, linear, limit, outflow, out, classes=False)
     assert np.allclose(out, ref, rtol=1e-12, atol=1e-13)
     _stage(g, fa, f, side, dt, 0.25, linear, limit, outflow, out)
+    assert np.allclose(out, ref, rtol=1e-12, atol=1e-13)
     # conservation: the outflow slots and the inflow gather cancel in the total
     assert abs(np.sum((out - 0.25 * fa) * g.areas) - 0.75 * np.sum(f * g.areas)) < 1e-13
     if limit:  # one forward-Euler stage at this dt keeps f >= 0 with the limiter, not without

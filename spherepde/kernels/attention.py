@@ -29,8 +29,8 @@ import math
 import numba as nb
 import numpy as np
 
-from .fastexp import (EXP_FLOOR, LN2, LN2_LO, P1, P2, P3, P4, P5, P6, P7, P8, P9, P10, SHIFTER_BIASED, _f2i, _i2f, fexp,
-                      fexp_floor, fexp_ftz, fma, opaque, poly10)
+from .fastexp import (_LOG2E, EXP_FLOOR, LN2, LN2_LO, P1, P2, P3, P4, P5, P6, P7, P8, P9, P10, SHIFTER_BIASED, _f2i,
+                      _i2f, fexp, fexp_floor, fexp_ftz, fma, opaque, poly10)
 
 __all__ = ["direct3", "direct3_sums", "direct_nd", "pruned", "pruned3", "sph_tail", "sph_bessel_scaled", "sph_coeffs",
            "sph_eval", "sph_recurrence"]
@@ -42,7 +42,6 @@ _FM = {"reassoc", "contract", "nsz", "arcp"}
 TINY = 1e-200
 
 
-_LOG2E = 1.4426950408889634
 #: Sources per block of :func:`direct3`: the two 2 KB buffers and the block's 8 KB of sources stay in L1.
 _BLOCK = 256
 #: Targets per parallel chunk of :func:`direct3` (each chunk allocates its own buffers and partial sums).

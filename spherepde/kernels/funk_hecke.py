@@ -272,16 +272,8 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads):
         # the top node's: the bound below (max over nodes) is unchanged, the syntheses cost ~Lk^2
         tail_ref = sph_tail(float(kn.max()), L, max(30, int(kn.max()) + 30))
         for k, kap in enumerate(kn):
-            ext = max(30, int(kap) + 30)
-            Lk = L
-            lo = 0
-            while lo < Lk:
-                mid = (lo + Lk) // 2
-                if sph_tail(float(kap), mid, ext) <= tail_ref:
-                    Lk = mid
-                else:
-                    lo = mid + 1
-            il, tail = sph_bessel_scaled(float(kap), Lk, ext)
+            Lk = min(_degree(float(kap), tail_ref, L), L)
+            il, tail = sph_bessel_scaled(float(kap), Lk, max(30, int(kap) + 30))
             tails = max(tails, tail)
             cl = 4.0 * np.pi * il
             cfull = np.zeros(Lmax + 1)
