@@ -88,39 +88,58 @@ def test_fastexp_accuracy():
 
 
 def test_direct_kernel_exp_accuracy():
-    # the exp inside direct3 (_reduce3: k, two-FMA reduction, SW = W 2^k; _accum3: degree-10 minimax
-    # polynomial) against exp in long double, on 2e6 random exponents in [-600, 0] plus a log grid.
-    # Measured 7.1e-16 (polynomial 4.5e-16 plus a few roundings); bound 2e-15. The exponent is
-    # x = -h q with q = s^2 computed by the kernel itself (u = 0, y = (s, 0, 0)), so the reference sees
-    # the same rounded x; below EXP_FLOOR the kernel returns exp(EXP_FLOOR) (q clamped to 600 / h).
+    # the exp inside direct3 (_reduce3: base-2 reduction k = round(x), r = x - k by two FMAs, K = k << 52;
+    # _accum3: degree-10 minimax 2^r, exponent add) against exp in long double, on 2e6 random exponents
+    # in [-600, 0] plus a log grid. The kernel's exponent is x = q nhl (log2 units), nhl = -h log2 e
+    # rounded, q = s^2 computed by the kernel itself (u = 0, y = (s, 0, 0)); the reference is
+    # 2^(q nhl) in long double from the same rounded q and nhl, so this measures the reduction and the
+    # polynomial. Measured 7.1e-16 (polynomial 4.5e-16 plus a few roundings); bound 2e-15. Against exp(-h q)
+    # itself the rounding of nhl adds <= |x| 2.2e-16 relative (|x| = h q <= 600): measured 5.3e-14. Below
+    # EXP_FLOOR the kernel returns 2^(-600 log2 e) (q clamped to 600 / h), never 0, inf or NaN.
     from numba import njit
 
-    from spherepde.kernels.attention import _reduce3
-    from spherepde.kernels.fastexp import P1, P2, P3, P4, P5, P6, P7, P8, P9, P10, poly10
+    from spherepde.kernels.attention import _accum3, _reduce3
 
     @njit
     def ev(s, h):
         n = s.size
         R = np.empty(n)
-        SW = np.empty(n)
+        K = np.empty(n, dtype=np.int64)
         z = np.zeros(n)
-        _reduce3(0.0, 0.0, 0.0, -h, -h * 1.4426950408889634, 600.0 / h, s, z, z, np.ones(n), n, R, SW)
+        _reduce3(0.0, 0.0, 0.0, -h * 1.4426950408889634, 600.0 / h, s, z, z, n, R, K)
         out = np.empty(n)
+        one = np.ones(1)
         for j in range(n):
-            out[j] = poly10(R[j], 1.0, P1, P2, P3, P4, P5, P6, P7, P8, P9, P10) * SW[j]
+            out[j] = _accum3(one, z[:1], z[:1], z[:1], 1, R[j:j + 1], K[j:j + 1])[0]
         return out
 
     rng = np.random.default_rng(7)
     h = 3.7
+    nhl = -h * 1.4426950408889634
     xs = np.concatenate([rng.uniform(-600.0, 0.0, 2_000_000), -np.logspace(-14, np.log10(600.0), 20_001), [0.0]])
     s = np.sqrt(-xs / h)
-    x = -h * (s * s)
-    ok = x >= EXP_FLOOR
-    ref = np.exp(x[ok].astype(np.longdouble))
+    q = s * s
+    ok = q <= 600.0 / h
+    ref = np.exp2(q[ok].astype(np.longdouble) * np.longdouble(nhl))
     got = ev(s, h)
     assert float(np.max(np.abs((got[ok] - ref) / ref))) <= 2e-15
-    low = ev(np.array([13.0, 20.0, 1.0e3]), h)  # h s^2 > 600: clamped: exp(EXP_FLOOR), never 0, inf or NaN
-    assert np.all(np.abs(low - np.exp(EXP_FLOOR)) <= 2e-15 * np.exp(EXP_FLOOR))
+    x = np.longdouble(h) * q[ok].astype(np.longdouble)
+    ref_e = np.exp(-x)
+    assert np.all(np.abs((got[ok] - ref_e) / ref_e) <= 2e-15 + 2.5e-16 * x)
+    low = ev(np.array([13.0, 20.0, 1.0e3]), h)  # h s^2 > 600: clamped, never 0, inf or NaN
+    floor = np.exp2(np.longdouble(600.0 / h) * np.longdouble(nhl))
+    assert np.all(np.abs(low - floor) <= 2e-15 * floor)
+    assert abs(float(floor) / np.exp(EXP_FLOOR) - 1.0) <= 1e-13  # the floor is exp(-600) (x rounded)
+
+
+def test_exp2_coefficients_are_the_exp_ones_rescaled():
+    # Q_k = P_k ln(2)^k to within one rounding: the base-2 polynomial is the minimax exp one in r ln 2
+    from spherepde.kernels import fastexp as fx
+
+    ln2 = np.log(np.longdouble(2))
+    for k in range(1, 11):
+        want = np.longdouble(getattr(fx, f"P{k}")) * ln2**k
+        assert abs(np.longdouble(getattr(fx, f"Q{k}")) / want - 1) <= 1.2e-16
 
 
 def test_fexp_floor_minimax_many_points():

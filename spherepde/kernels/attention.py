@@ -29,8 +29,8 @@ import math
 import numba as nb
 import numpy as np
 
-from .fastexp import (_LOG2E, EXP_FLOOR, LN2, LN2_LO, P1, P2, P3, P4, P5, P6, P7, P8, P9, P10, SHIFTER_BIASED, _f2i,
-                      _i2f, fexp, fexp_floor, fexp_ftz, fma, opaque, poly10)
+from .fastexp import (_LOG2E, EXP_FLOOR, Q1, Q2, Q3, Q4, Q5, Q6, Q7, Q8, Q9, Q10, SHIFTER, _f2i, _i2f, fexp,
+                      fexp_floor, fexp_ftz, fma, opaque, poly10)
 
 __all__ = ["direct3", "direct3_sums", "direct_nd", "pruned", "pruned3", "sph_tail", "sph_bessel_scaled", "sph_coeffs",
            "sph_eval", "sph_recurrence"]
@@ -42,80 +42,121 @@ _FM = {"reassoc", "contract", "nsz", "arcp"}
 TINY = 1e-200
 
 
-#: Sources per block of :func:`direct3`: the two 2 KB buffers and the block's 8 KB of sources stay in L1.
+#: Sources per block of :func:`direct3`: the two 2 KB buffers and the block's 14 KB of sources stay in L1.
 _BLOCK = 256
 #: Targets per parallel chunk of :func:`direct3` (each chunk allocates its own buffers and partial sums).
 _TCHUNK = 32
 
 
 @nb.njit(fastmath=_FM, inline="always")
-def _reduce3(ux, uy, uz, nh, nhl, qmax, sx, sy, sz, W, n, R, SW):
-    """Stage 1 of :func:`_sum3`: W_j exp(-h q_j) = SW_j exp(R_j), q_j = min(|u - y_j|^2, qmax).
+def _reduce3(ux, uy, uz, nhl, qmax, sx, sy, sz, n, R, K):
+    """Stage 1 of :func:`_sum3`: exp(-h q_j) = 2^(x_j) = 2^k_j 2^r_j, q_j = min(|u - y_j|^2, qmax), in base 2.
 
-    exp(x) = 2^k e^r with k = round(x log2 e), r = x - k ln 2 by two explicit FMAs (LLVM does not merge
-    them, as it does ``x - k LN2_HI - k LN2_LO`` under 'reassoc'), SW = W 2^k: with :func:`_accum3` the
-    exp is within 8e-16 relative of exp(-h q) on [-600, 0] (see tests). ``nh = -h``, ``nhl = -h log2 e``;
-    ``qmax = 600 / h`` keeps x >= EXP_FLOOR (so k + 1023 > 0). Constants through :func:`opaque`: kept in
-    registers instead of re-broadcast from the constant pool in the loop.
+    x = q nhl with ``nhl = -h log2 e``; k = round(x) from kb = fma(q, nhl, 1.5 2^52) (the rounding to an
+    integer happens in the addition; kb - 1.5 2^52 is exact), r = fma(q, nhl, -k) = x - k rounded once
+    (|r| <= 1/2). ``R[j] = r``, ``K[j] = k << 52`` (the bits that add k to a float's exponent; the low
+    mantissa bits of kb hold k in two's complement). ``qmax = 600 / h`` keeps x >= -600 log2 e, so
+    k >= -866 and 2^r 2^k is normal. The base-2 reduction needs two multiply-adds where the natural one
+    needs four (k ln 2 in two parts); nhl carries one more rounding than -h, so the exponent is off by
+    <= 3 |x| eps instead of 2 |x| eps (|x| <= 40 for every term above 1e-17 of the largest).
+    Constants through :func:`opaque`: kept in registers instead of re-broadcast from the constant pool.
     """
-    mln2 = opaque(-LN2)
-    sb = opaque(SHIFTER_BIASED)
-    mlo = opaque(-LN2_LO)
+    sh = opaque(SHIFTER)
     for j in range(n):
         ax = ux - sx[j]
         ay = uy - sy[j]
         az = uz - sz[j]
         q = min(ax * ax + ay * ay + az * az, qmax)
-        # k = round(x log2 e): kb = x log2 e + 1.5 2^52 + 1023 rounds once, to an integer whose low
-        # mantissa bits are k + 1023 (the exponent field of 2^k after << 52); kb - sb is exact, and
-        # not folded to x log2 e: sb is opaque to 'reassoc'. Saves the vroundpd of np.floor.
-        kb = fma(q, nhl, sb)
-        kf = kb - sb
-        R[j] = fma(kf, mlo, fma(kf, mln2, nh * q))
-        SW[j] = W[j] * _i2f(_f2i(kb) << 52)
+        # fma, not q * nhl + sh: under 'reassoc' LLVM would fold (x + sh) - sh back to x
+        kb = fma(q, nhl, sh)
+        R[j] = fma(q, nhl, sh - kb)
+        K[j] = _f2i(kb) << 52
 
 
 @nb.njit(fastmath=_FM, inline="always")
-def _accum3(sx, sy, sz, n, R, SW):
-    """Stage 2 of :func:`_sum3`: sum_j SW_j p(R_j) (1, y_j), p the degree-10 minimax exp of fastexp."""
+def _accum3(W, WX, WY, WZ, n, R, K):
+    """Stage 2 of :func:`_sum3`: sum_j 2^(k_j) p(r_j) (W_j, W_j y_j) with p the degree-10 minimax 2^r of
+    fastexp (``Q1``..``Q10``, Estrin) and 2^k applied by an integer add to the exponent field of p (the
+    weights are folded into the four accumulations: four multiply-adds per term, no extra multiply)."""
     one = opaque(1.0)
-    c1 = opaque(P1)
-    c2 = opaque(P2)
-    c3 = opaque(P3)
-    c4 = opaque(P4)
-    c5 = opaque(P5)
-    c6 = opaque(P6)
-    c7 = opaque(P7)
-    c8 = opaque(P8)
-    c9 = opaque(P9)
-    c10 = opaque(P10)
+    c1 = opaque(Q1)
+    c2 = opaque(Q2)
+    c3 = opaque(Q3)
+    c4 = opaque(Q4)
+    c5 = opaque(Q5)
+    c6 = opaque(Q6)
+    c7 = opaque(Q7)
+    c8 = opaque(Q8)
+    c9 = opaque(Q9)
+    c10 = opaque(Q10)
     d = 0.0
     nx = 0.0
     ny = 0.0
     nz = 0.0
     for j in range(n):
-        e = poly10(R[j], one, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10) * SW[j]
-        d += e
-        nx += e * sx[j]
-        ny += e * sy[j]
-        nz += e * sz[j]
+        e = _i2f(_f2i(poly10(R[j], one, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10)) + K[j])
+        d += e * W[j]
+        nx += e * WX[j]
+        ny += e * WY[j]
+        nz += e * WZ[j]
     return d, nx, ny, nz
 
 
 @nb.njit(fastmath=_FM, inline="always")
-def _sum3(ux, uy, uz, h, sx, sy, sz, W, R, SW):
-    """Shifted sums sum_j W_j exp(-h |u - y_j|^2) (1, y_j) over one block of sources (``sx.size <= R.size``),
-    exp floored at exp(-600): for weights W <= 1 each term is off by < 2.7e-261 absolute, so N of them
-    are < 1e-56 relative to any sum above TINY.
+def _sum3(ux, uy, uz, h, sx, sy, sz, W, WX, WY, WZ, R, K):
+    """Shifted sums sum_j exp(-h |u - y_j|^2) (W_j, W_j y_j) over one block of sources (``sx.size <= R.size``;
+    ``WX = W * sx`` etc.), exp floored at exp(-600) = 2.6e-261: each term is off by < 2.6e-261 W_j absolute.
 
-    Two vectorised stages through the buffers R, SW (:func:`_reduce3`, :func:`_accum3`): each loop is
-    short enough to keep its constants in registers and its dependency chains overlapped, where the
-    former single loop (with :func:`fexp_floor`) spilled and was latency-bound. Requires a finite h >= 0.
+    Two vectorised stages through the buffers R, K (:func:`_reduce3`, :func:`_accum3`): each loop is
+    short enough to keep its constants in registers and its dependency chains overlapped, where a
+    single loop spilled and was latency-bound. Requires a finite h >= 0.
     """
     n = sx.size
     qmax = -EXP_FLOOR / h if h > 0.0 else 4.0
-    _reduce3(ux, uy, uz, -h, -h * _LOG2E, qmax, sx, sy, sz, W, n, R, SW)
-    return _accum3(sx, sy, sz, n, R, SW)
+    _reduce3(ux, uy, uz, -h * _LOG2E, qmax, sx, sy, sz, n, R, K)
+    return _accum3(W, WX, WY, WZ, n, R, K)
+
+
+@nb.njit(parallel=True, fastmath=_FM, cache=True)
+def _blocked_sums3(U, kappa, S, W, acc):
+    """acc[i] = sum_j exp(-kappa_i |u_i - y_j|^2 / 2) (W_j, W_j y_j) by :func:`_sum3` (floored terms).
+
+    Targets in chunks of ``_TCHUNK`` (parallel), sources in blocks of ``_BLOCK`` (outer): a block's seven
+    source arrays (14 KB) and the two 2 KB buffers stay in L1 for the whole chunk instead of streaming all
+    N sources from L3 once per target (N = 49152: 2.7 MB).
+    """
+    M = U.shape[0]
+    N = S.shape[1]
+    sx = S[0]
+    sy = S[1]
+    sz = S[2]
+    WX = W * sx
+    WY = W * sy
+    WZ = W * sz
+    for c in nb.prange((M + _TCHUNK - 1) // _TCHUNK):
+        i0 = c * _TCHUNK
+        i1 = min(M, i0 + _TCHUNK)
+        R = np.empty(_BLOCK)
+        K = np.empty(_BLOCK, dtype=np.int64)
+        for i in range(i0, i1):
+            for q in range(4):
+                acc[i, q] = 0.0
+        for j0 in range(0, N, _BLOCK):
+            j1 = min(N, j0 + _BLOCK)
+            # slices, not offsets: unit stride visible to LLVM, so the loads vectorise
+            bx = sx[j0:j1]
+            by = sy[j0:j1]
+            bz = sz[j0:j1]
+            bw = W[j0:j1]
+            bwx = WX[j0:j1]
+            bwy = WY[j0:j1]
+            bwz = WZ[j0:j1]
+            for i in range(i0, i1):
+                d, nx, ny, nz = _sum3(U[i, 0], U[i, 1], U[i, 2], 0.5 * kappa[i], bx, by, bz, bw, bwx, bwy, bwz, R, K)
+                acc[i, 0] += d
+                acc[i, 1] += nx
+                acc[i, 2] += ny
+                acc[i, 3] += nz
 
 
 @nb.njit(fastmath=_FM, inline="always")
@@ -178,7 +219,7 @@ def _max3_log(ux, uy, uz, h, sx, sy, sz, LW, j0, n):
     return mx
 
 
-@nb.njit(parallel=True, fastmath=_FM, cache=True)
+@nb.njit(cache=True)
 def direct3(U, kappa, S, W, LW, out):
     """Exact attention mean for d = 3, O(N) per target.
 
@@ -202,48 +243,36 @@ def direct3(U, kappa, S, W, LW, out):
     redone with the shift max_j(log W_j - kappa_i |u_i - y_j|^2 / 2), so the largest term is 1.
     """
     M = U.shape[0]
+    # weights scaled to max 1 (m is invariant): the floor of the exp is then negligible (_sum3)
+    acc = np.empty((M, 4))
+    _blocked_sums3(U, kappa, S, W / W.max(), acc)
+    _finish3(U, kappa, S, LW, acc, out)
+
+
+@nb.njit(parallel=True, fastmath=_FM, cache=True)
+def _finish3(U, kappa, S, LW, acc, out):
+    """out = numerator / denominator of ``acc``; targets whose denominator is below ``TINY`` are redone
+    with the exact log-domain shift."""
+    M = U.shape[0]
     N = S.shape[1]
     sx = S[0]
     sy = S[1]
     sz = S[2]
-    # weights scaled to max 1 (m is invariant): the floor of the exp is then negligible (_sum3)
-    Wn = W / W.max()
-    # targets in chunks, sources in blocks of _BLOCK (outer): a block (8 KB) stays in L1 for the whole
-    # chunk instead of streaming all N sources from L3 once per target (N = 49152: 1.5 MB)
-    for c in nb.prange((M + _TCHUNK - 1) // _TCHUNK):
-        i0 = c * _TCHUNK
-        i1 = min(M, i0 + _TCHUNK)
-        R = np.empty(_BLOCK)
-        SW = np.empty(_BLOCK)
-        acc = np.zeros((i1 - i0, 4))
-        for j0 in range(0, N, _BLOCK):
-            j1 = min(N, j0 + _BLOCK)
-            # slices, not offsets: unit stride visible to LLVM, so the loads vectorise
-            bx = sx[j0:j1]
-            by = sy[j0:j1]
-            bz = sz[j0:j1]
-            bw = Wn[j0:j1]
-            for i in range(i0, i1):
-                d, nx, ny, nz = _sum3(U[i, 0], U[i, 1], U[i, 2], 0.5 * kappa[i], bx, by, bz, bw, R, SW)
-                acc[i - i0, 0] += d
-                acc[i - i0, 1] += nx
-                acc[i - i0, 2] += ny
-                acc[i - i0, 3] += nz
-        for i in range(i0, i1):
-            d = acc[i - i0, 0]
-            nx = acc[i - i0, 1]
-            ny = acc[i - i0, 2]
-            nz = acc[i - i0, 3]
-            if not d > TINY:
-                ux = U[i, 0]
-                uy = U[i, 1]
-                uz = U[i, 2]
-                h = 0.5 * kappa[i]
-                shift = _max3_log(ux, uy, uz, h, sx, sy, sz, LW, 0, N)
-                d, nx, ny, nz = _sum3_log(ux, uy, uz, h, sx, sy, sz, LW, shift, 0, N)
-            out[i, 0] = nx / d
-            out[i, 1] = ny / d
-            out[i, 2] = nz / d
+    for i in nb.prange(M):
+        d = acc[i, 0]
+        nx = acc[i, 1]
+        ny = acc[i, 2]
+        nz = acc[i, 3]
+        if not d > TINY:
+            ux = U[i, 0]
+            uy = U[i, 1]
+            uz = U[i, 2]
+            h = 0.5 * kappa[i]
+            shift = _max3_log(ux, uy, uz, h, sx, sy, sz, LW, 0, N)
+            d, nx, ny, nz = _sum3_log(ux, uy, uz, h, sx, sy, sz, LW, shift, 0, N)
+        out[i, 0] = nx / d
+        out[i, 1] = ny / d
+        out[i, 2] = nz / d
 
 
 @nb.njit(parallel=True, fastmath=_FM, cache=True)
@@ -763,7 +792,7 @@ def sph_eval(U, kappa, C, R, Lc, offset, ra, rb, pmm, out, absum, tail):
             absum[t] = F[4, tt]
 
 
-@nb.njit(parallel=True, fastmath=_FM, cache=True)
+@nb.njit(cache=True)
 def direct3_sums(U, kappa, S, W, out):
     """Raw shifted sums for d = 3: out[i] = sum_j W_j exp(-kappa_i |u_i - y_j|^2 / 2) (1, y_j).
 
@@ -772,19 +801,10 @@ def direct3_sums(U, kappa, S, W, out):
     U, kappa, S, W : as in :func:`direct3`.
     out : (M, 4) float64
         Receives the denominator and the three numerator components, scaled by exp(-kappa_i)
-        (the same scaling as :func:`sph_eval`), flushed to 0 where below ~1e-308.
+        (the same scaling as :func:`sph_eval`). Each term's exp is floored at exp(EXP_FLOOR) = 2.6e-261
+        (:func:`_sum3`): the sums are off by at most 2.6e-261 sum_j W_j.
     """
-    M = U.shape[0]
-    N = S.shape[1]
-    sx = S[0]
-    sy = S[1]
-    sz = S[2]
-    for i in nb.prange(M):
-        d, nx, ny, nz = _sum3_ftz(U[i, 0], U[i, 1], U[i, 2], 0.5 * kappa[i], sx, sy, sz, W, 0, N)
-        out[i, 0] = d
-        out[i, 1] = nx
-        out[i, 2] = ny
-        out[i, 3] = nz
+    _blocked_sums3(U, kappa, S, W, out)
 
 
 @nb.njit(fastmath=_FM, inline="always")

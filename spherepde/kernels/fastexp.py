@@ -39,7 +39,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 __all__ = ["fexp", "fexp_ftz", "fexp_floor", "fma", "opaque", "poly10", "EXP_UNDERFLOW", "EXP_FTZ", "EXP_FLOOR",
-           "LN2", "LN2_LO", "SHIFTER_BIASED", "P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9", "P10"]
+           "LN2", "LN2_LO", "SHIFTER", "SHIFTER_BIASED", "P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9", "P10", "Q1",
+           "Q2", "Q3", "Q4", "Q5", "Q6", "Q7", "Q8", "Q9", "Q10"]
 
 #: Below this argument exp(x) rounds to 0 in float64 (half the smallest subnormal).
 EXP_UNDERFLOW = -745.1332191019412
@@ -65,6 +66,8 @@ _TWO_M60 = 2.0**-60
 LN2 = 0.6931471805599453
 LN2_LO = 2.3190468138462996e-17
 SHIFTER_BIASED = _SHIFTER_BIASED
+#: 1.5 * 2^52: fma(q, c, SHIFTER) rounds q c to an integer k held in the low mantissa bits (two's complement)
+SHIFTER = _SHIFTER
 
 # Degree-10 minimax polynomial for exp(r) on |r| <= ln(2)/2 (1 + 1e-9), relative error, p(0) = 1 exactly:
 # Remez exchange in long double, coefficients rounded to float64; max |p(r) e^-r - 1| = 4.5e-16
@@ -80,6 +83,19 @@ P7 = 0.00019841149883210768
 P8 = 2.4801487196698453e-05
 P9 = 2.764772462862938e-06
 P10 = 2.7632699168662627e-07
+
+# The same polynomial for 2^r on |r| <= 1/2 (2^r = exp(r ln 2)): Q_k = P_k ln(2)^k, computed in long
+# double and rounded to float64 (tested against P_k ln(2)^k; max relative error of 2^r, measured: see tests).
+Q1 = 0.6931471805599537
+Q2 = 0.2402265069591012
+Q3 = 0.055504108664243657
+Q4 = 0.009618129107594967
+Q5 = 0.0013333558259550095
+Q6 = 0.0001540353045888524
+Q7 = 1.5252641587767369e-05
+Q8 = 1.3215433449411714e-06
+Q9 = 1.0211476557016954e-07
+Q10 = 7.074209537385563e-09
 
 # 1/n! for n = 2..11 (Taylor: |r|^12/12! <= 6.4e-15 relative on |r| <= ln(2)/2)
 _C2 = 1.0 / 2.0
