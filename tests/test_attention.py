@@ -399,6 +399,59 @@ def test_fast_spectral_within_tol(kind, monkeypatch):
         assert model._cache["spectral_flagged"] <= 0.05 * len(x)
 
 
+def test_healpix_ring_sources_detected_and_moments_exact():
+    # HEALPix pixel centres in RING order get the ring adjoint synthesis; anything else (other order,
+    # perturbed points, other sizes) the general one. Both give the same a_lm: the general one to its
+    # requested accuracy EPS_SHT (3e-13) relative to the largest |a_lm|; measured ~1e-14.
+    pytest.importorskip("ducc0")
+    import ducc0
+
+    from spherepde.kernels import funk_hecke as fh
+
+    y = pix(16)
+    assert fh.healpix_ring_nside(y) == 16
+    assert fh.healpix_ring_nside(y[::-1]) == 0
+    assert fh.healpix_ring_nside(y + 1e-9) == 0
+    assert fh.healpix_ring_nside(y[:100]) == 0
+    rng = np.random.default_rng(5)
+    w = density("smooth", y, rng) * 4 * np.pi / len(y)
+    L = 40
+    ring = fh._source_moments(y, w, L, 1)
+    loc = fh._loc(y)
+    for q, m in enumerate([w, w * y[:, 0], w * y[:, 1], w * y[:, 2]]):
+        gen = ducc0.sht.adjoint_synthesis_general(map=m[None, :], spin=0, lmax=L, loc=loc, epsilon=1e-14,
+                                                  nthreads=1)[0]
+        assert np.abs(ring[q] - gen).max() <= 3e-13 * np.abs(gen).max()
+
+
+def test_fast_spectral_general_sources_and_serial_path(monkeypatch):
+    # sources that are not HEALPix centres (a rotated grid: the general adjoint synthesis) within tol of
+    # the direct kernel; the serial path (one thread, no pool) gives the same sums as the pooled one up
+    # to the order of the additions (relative 1e-13; the bound delta is the same formula)
+    pytest.importorskip("ducc0")
+    import spherepde.models.attention as att
+    from spherepde.kernels import funk_hecke as fh
+
+    monkeypatch.setattr(att, "FAST_SPECTRAL_MIN_WORK", 0.0)
+    rng = np.random.default_rng(8)
+    Q, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+    y = pix(16) @ Q
+    assert fh.healpix_ring_nside(y) == 0
+    w = density("smooth", y, rng) * 4 * np.pi / len(y)
+    B = random_B(rng)
+    ref = Attention(B, np.eye(3), 80.0, method="direct").mean_field(y, y, w)
+    model = Attention(B, np.eye(3), 80.0, tol=1e-10, method="spectral")
+    m = model.mean_field(y, y, w)
+    assert model._cache["spectral_path"] == "fast"
+    assert np.abs(m - ref).max() <= 1e-10 + 2e-15
+    U, kappa = model._centres(y)
+    cost, bins, order = model._fast_plan(kappa)
+    F1, d1 = fh.spectral_sums(U, kappa, y, w, bins, order, 1)
+    F2, d2 = fh.spectral_sums(U, kappa, y, w, bins, order, 2)
+    assert np.abs(F1 - F2).max() <= 1e-13 * np.abs(F1).max()
+    assert np.allclose(d1, d2, rtol=1e-6, atol=0.0)
+
+
 def test_fast_spectral_flagged_targets_go_to_the_series_first():
     # a density spanning two decades (the state of a concentrating run): far from its bulk the fast
     # path's transform-error model flags many targets; the in-house series (rounding model ~1e3 tighter)

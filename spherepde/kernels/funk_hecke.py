@@ -4,10 +4,13 @@ For a target with kernel centre u and concentration kappa the four shifted sums 
 
     F^q(u, kappa) = sum_j W^q_j exp(kappa (<u, y_j> - 1)) = sum_l 4 pi e^-kappa i_l(kappa) sum_m a^q_lm Y_lm(u)
 
-(W^0 = W, W^{1,2,3} = W y_x, W y_y, W y_z; a^q_lm from the exact adjoint synthesis, so no quadrature
-error). General B gives every target its own kappa, so kappa is handled by Chebyshev interpolation:
+(W^0 = W, W^{1,2,3} = W y_x, W y_y, W y_z; a^q_lm from the adjoint synthesis, so no quadrature error:
+ducc0's ring transform on HEALPix pixel centres, exact up to rounding, else its general one at accuracy
+EPS_SHT). General B gives every target its own kappa, so kappa is handled by Chebyshev interpolation:
 targets are split into bins [a, b] of kappa; in each bin the maps are synthesised (ducc0
-``synthesis_general``) at the n + 1 Chebyshev points kappa_k of [a, b] and interpolated in kappa.
+``synthesis_general``) at the n + 1 Chebyshev points kappa_k of [a, b] and interpolated in kappa. Each
+node map is added into the interpolated sums (weighted by its Lagrange weight at every target) by the
+worker that synthesised it, while it is in cache.
 
 Error bound per target (all terms are bounds on sum_j W_j |error of its kernel value|, so they hold for
 the denominator and, since |y| = 1, for each numerator component):
@@ -19,7 +22,7 @@ the denominator and, since |y| = 1, for each numerator component):
   makes a grid in s rigorous). Times ||W||_1.
 - truncation at degree L (rigorous): the interpolant of the tail is <= Lebesgue(n) max_k tail_L(kappa_k),
   times ||W||_1.
-- rounding of the interpolation: 4 (n + 2) eps sum_k |l_k(kappa)| |G_k| (a posteriori).
+- rounding of the interpolation: 4 (n + 3) eps sum_k |l_k(kappa)| |G_k| (a posteriori).
 - transform error (a model, as the rounding model of the in-house path): ducc0 is asked for EPS_SHT;
   the error of a node map is taken as NUFFT_SAFETY * EPS_SHT * (rms of that map over the sphere, from
   Parseval), times the Lebesgue constant. Measured: <= 0.5 EPS_SHT rms (concentrated densities; 0.08 for
@@ -33,12 +36,16 @@ interp_bound(a, b, n)
     Rigorous bound of the kernel interpolation error on [a, b] at degree n.
 plan(kappa_sorted, goal, lmax_cap)
     Bins, degrees and node counts.
-spectral_sums(U, kappa, S, W, tol_goal, nthreads)
+spectral_sums(U, kappa, Y, W, bins, order, nthreads, cache=None)
     The four sums and the per-target error bound.
+healpix_ring_nside(Y)
+    nside if Y are the HEALPix pixel centres in RING order, else 0.
 """
 from __future__ import annotations
 
+import functools
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
@@ -51,7 +58,7 @@ try:  # optional at import time; pyproject lists it as a dependency
 except ImportError:  # pragma: no cover
     ducc0 = None
 
-__all__ = ["available", "interp_bound", "plan", "spectral_sums", "EPS_SHT", "NUFFT_SAFETY"]
+__all__ = ["available", "healpix_ring_nside", "interp_bound", "plan", "spectral_sums", "EPS_SHT", "NUFFT_SAFETY"]
 
 #: Accuracy asked of ducc0's transforms (its floor for float64 is 2e-13).
 EPS_SHT = 3e-13
@@ -187,46 +194,133 @@ def _loc(P):
 
 
 @numba.njit(parallel=True, cache=True)
-def _barycentric(kb, kn, bw, G, F, absum):
-    """Barycentric interpolation (second kind) of the node values G (n + 1, 4, m) at the targets' kappa
-    ``kb`` (m,): F (m, 4), and absum (m,) = sum_k |l_k(kappa)| |G[k, 0]| for the rounding bound. A kappa
-    on a node takes that node's values (nodes of a tiny interval may coincide: the first)."""
-    m = kb.shape[0]
+def _lagrange(kb, kn, bw, lag):
+    """Barycentric (second kind) Lagrange weights lag[k, i] = l_k(kb[i]) of the nodes kn with weights bw;
+    a kappa on a node takes that node's value (nodes of a tiny interval may coincide: the first)."""
     n1 = kn.shape[0]
-    for i in numba.prange(m):
+    for i in numba.prange(kb.shape[0]):
+        kap = kb[i]
         hit = -1
         for k in range(n1):
-            if kb[i] == kn[k]:
+            if kap == kn[k]:
                 hit = k
                 break
         if hit >= 0:
-            for q in range(4):
-                F[i, q] = G[hit, q, i]
-            absum[i] = abs(G[hit, 0, i])
+            for k in range(n1):
+                lag[k, i] = 0.0
+            lag[hit, i] = 1.0
             continue
         tsum = 0.0
         for k in range(n1):
-            tsum += bw[k] / (kb[i] - kn[k])
-        a0 = 0.0
-        a1 = 0.0
-        a2 = 0.0
-        a3 = 0.0
-        ab = 0.0
+            t = bw[k] / (kap - kn[k])
+            lag[k, i] = t
+            tsum += t
+        r = 1.0 / tsum
         for k in range(n1):
-            lag = (bw[k] / (kb[i] - kn[k])) / tsum
-            a0 += lag * G[k, 0, i]
-            a1 += lag * G[k, 1, i]
-            a2 += lag * G[k, 2, i]
-            a3 += lag * G[k, 3, i]
-            ab += abs(lag) * abs(G[k, 0, i])
-        F[i, 0] = a0
-        F[i, 1] = a1
-        F[i, 2] = a2
-        F[i, 3] = a3
-        absum[i] = ab
+            lag[k, i] *= r
 
 
-def spectral_sums(U, kappa, Y, W, bins, order, nthreads):
+@numba.njit(nogil=True, cache=True)
+def _accumulate(lk, g, acc, q):
+    """acc[q] += lk g (one node map into its interpolated sum) and, for the denominator map (q = 0),
+    acc[4] += |lk| |g| (the a posteriori rounding bound); runs in the worker that synthesised g, while
+    g is in cache."""
+    a = acc[q]
+    for i in range(g.shape[0]):
+        a[i] += lk[i] * g[i]
+    if q == 0:
+        b = acc[4]
+        for i in range(g.shape[0]):
+            b[i] += abs(lk[i]) * abs(g[i])
+
+
+def healpix_ring_nside(Y, tol=1e-15):
+    """nside if the rows of Y are the HEALPix pixel centres in RING order (to ``tol``), else 0.
+
+    The ring transforms then use the exact centres: a source off by tol moves its a_lm by ~l tol relative
+    (<= 1e-13 at l <= 100, below the transform accuracy EPS_SHT); renormalising a centre moves it by ~1e-16.
+    """
+    N = Y.shape[0]
+    ns = int(round(math.sqrt(N / 12.0)))
+    if ns < 1 or 12 * ns * ns != N or Y.shape[1] != 3:
+        return 0
+    ref = _ring_centres(ns)
+    return ns if float(np.max(np.abs(Y - ref))) <= tol else 0
+
+
+@functools.lru_cache(maxsize=4)
+def _ring_centres(nside):
+    import healpy as hp
+
+    c = np.array(hp.pix2vec(nside, np.arange(12 * nside * nside))).T
+    c.setflags(write=False)
+    return c
+
+
+def _source_moments(Y, W, Lmax, nthreads):
+    """a^q_lm (q = 0..3) of the maps W, W y_x, W y_y, W y_z: sum_j W^q_j conj(Y_lm(y_j)).
+
+    On the HEALPix pixel centres (RING order) this is ducc0's ring adjoint synthesis (exact up to
+    rounding: the centres lie on iso-latitude rings with equispaced longitudes); elsewhere the
+    general (NUFFT) one at accuracy EPS_SHT."""
+    maps = np.stack([W, W * Y[:, 0], W * Y[:, 1], W * Y[:, 2]])
+    ns = healpix_ring_nside(Y)
+    if ns:
+        geom = _healpix_geometry(ns)
+        return [ducc0.sht.adjoint_synthesis(map=m[None, :], spin=0, lmax=Lmax, nthreads=nthreads, **geom)[0]
+                for m in maps]
+    locy = _loc(Y)
+    return [ducc0.sht.adjoint_synthesis_general(map=m[None, :], spin=0, lmax=Lmax, loc=locy, epsilon=EPS_SHT,
+                                                nthreads=nthreads)[0] for m in maps]
+
+
+@functools.lru_cache(maxsize=4)
+def _healpix_geometry(nside):
+    return ducc0.healpix.Healpix_Base(nside, "RING").sht_info()
+
+
+@functools.lru_cache(maxsize=16)
+def _node_data(bins, Lmax):
+    """Per bin of a plan: Chebyshev nodes, per-node degree Lk and Funk-Hecke factors 4 pi e^-kappa i_l
+    (expanded to the a_lm layout of degree Lmax), the largest tail, and the a priori interpolation bound
+    and Lebesgue constant. Depends on the plan only, so repeated evaluations (every stage of a run) reuse it.
+    """
+    lidx = np.concatenate([np.arange(m, Lmax + 1) for m in range(Lmax + 1)])
+    out = []
+    for (i0, i1, a, b, L, n) in bins:
+        kn = nodes(a, b, n)
+        # the bin's degree L is set by its largest kappa; a smaller node kappa needs fewer degrees for the
+        # same tail (tail_L grows with kappa), so each node gets the least Lk with a tail no larger than
+        # the top node's: the bound (max over nodes) is unchanged, the syntheses cost ~Lk^2
+        tail_ref = sph_tail(float(kn.max()), L, max(30, int(kn.max()) + 30))
+        tails = 0.0
+        per_node = []
+        for kap in kn:
+            Lk = min(_degree(float(kap), tail_ref, L), L)
+            il, tail = sph_bessel_scaled(float(kap), Lk, max(30, int(kap) + 30))
+            tails = max(tails, tail)
+            cl = 4.0 * np.pi * il
+            cfull = np.zeros(Lmax + 1)
+            cfull[:Lk + 1] = cl
+            per_node.append((Lk, cl, cfull[lidx]))
+        out.append((kn, per_node, tails, interp_bound(a, b, n), lebesgue(n)))
+    return out
+
+
+def _target_locations(Us, bins, cache):
+    """(theta, phi) of the sorted kernel centres, per bin; reused from ``cache`` when Us and the bins are
+    those of the previous call (compared exactly)."""
+    key = tuple((b[0], b[1]) for b in bins)
+    hit = None if cache is None else cache.get("fh_locations")
+    if hit is not None and hit[0] == key and hit[1].shape == Us.shape and np.array_equal(hit[1], Us):
+        return hit[2]
+    locs = [_loc(Us[i0:i1]) for (i0, i1, *_rest) in bins]
+    if cache is not None:
+        cache["fh_locations"] = (key, Us.copy(), locs)
+    return locs
+
+
+def spectral_sums(U, kappa, Y, W, bins, order, nthreads, cache=None):
     """Shifted sums F (M, 4) = sum_j W_j exp(kappa_i (<u_i, y_j> - 1)) (1, y_j) and the bound delta (M,)
     of |F_hat - F| per component (see module notes), for the plan ``bins`` on targets sorted by
     ``order``.
@@ -241,53 +335,61 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads):
         Threads. The 4 (n + 1) node syntheses of a plan are independent and each is small (ducc0 gains
         little from a second thread inside one call at L ~ 100): with nthreads > 1 they run side by side,
         one thread each, in a pool of nthreads workers (ducc0 releases the GIL).
+    cache : dict, optional
+        Keeps the (theta, phi) of the sorted targets between calls with the same targets and plan (a
+        solver evaluates the field at the same points at every stage).
     """
     M = U.shape[0]
     Lmax = max(L for *_, L, _ in bins)
-    locy = _loc(Y)
-    maps = [W, W * Y[:, 0], W * Y[:, 1], W * Y[:, 2]]
-    alm = [ducc0.sht.adjoint_synthesis_general(map=m[None, :], spin=0, lmax=Lmax, loc=locy, epsilon=EPS_SHT,
-                                               nthreads=nthreads)[0] for m in maps]
+    alm = _source_moments(Y, W, Lmax, nthreads)
     lidx = np.concatenate([np.arange(m, Lmax + 1) for m in range(Lmax + 1)])
     mult = np.where(np.concatenate([np.full(Lmax + 1 - m, m) for m in range(Lmax + 1)]) > 0, 2.0, 1.0)
     # |a_lm|^2 weighted as in Parseval for a real map (m > 0 counted twice), per l, per map
-    pw = [np.bincount(lidx, weights=mult * np.abs(a) ** 2, minlength=Lmax + 1) for a in alm]
+    pw = np.stack([np.bincount(lidx, weights=mult * np.abs(a) ** 2, minlength=Lmax + 1) for a in alm])
     mstart = np.array([m * (2 * Lmax + 1 - m) // 2 for m in range(Lmax + 1)], dtype=np.uintp)
     w1 = float(W.sum())
     Us = U[order]
     ks = kappa[order]
     Fs = np.empty((M, 4))
     ds = np.empty(M)
-    # every node of every bin: its coefficients, tail and map rms; then all syntheses, pooled
-    jobs = []  # (bin index, node index, map index, alm of the node map, L, target locations)
-    info = []  # per bin: (loc, nodes, tails, rms, G)
-    for b, (i0, i1, a, b_, L, n) in enumerate(bins):
-        loc = _loc(Us[i0:i1])
-        kn = nodes(a, b_, n)
-        G = np.empty((n + 1, 4, i1 - i0))
-        tails = 0.0
+    nodedata = _node_data(tuple(tuple(b) for b in bins), Lmax)
+    locs = _target_locations(Us, bins, cache)
+    # every node of every bin: its syntheses (pooled), and the rms of its maps for the transform error
+    jobs = []  # (bin index, node index, map index, Funk-Hecke factors of the node, L)
+    info = []  # per bin: (loc, rms, Lagrange weights (n + 1, m))
+    for b, ((i0, i1, a, b_, L, n), (kn, per_node, tails, ib, lam)) in enumerate(zip(bins, nodedata)):
         rms = 0.0
-        # the bin's degree L is set by its largest kappa; a smaller node kappa needs fewer degrees for the
-        # same tail (tail_L grows with kappa), so each node gets the least Lk with a tail no larger than
-        # the top node's: the bound below (max over nodes) is unchanged, the syntheses cost ~Lk^2
-        tail_ref = sph_tail(float(kn.max()), L, max(30, int(kn.max()) + 30))
-        for k, kap in enumerate(kn):
-            Lk = min(_degree(float(kap), tail_ref, L), L)
-            il, tail = sph_bessel_scaled(float(kap), Lk, max(30, int(kap) + 30))
-            tails = max(tails, tail)
-            cl = 4.0 * np.pi * il
-            cfull = np.zeros(Lmax + 1)
-            cfull[:Lk + 1] = cl
-            cl_lm = cfull[lidx]
+        for k, (Lk, cl, cl_lm) in enumerate(per_node):
             for q in range(4):
-                jobs.append((b, k, q, alm[q] * cl_lm, Lk))
-                rms = max(rms, math.sqrt(float(np.dot(cl * cl, pw[q][:Lk + 1])) / (4.0 * np.pi)))
-        info.append((loc, kn, tails, rms, G))
+                jobs.append((b, k, q, cl_lm, Lk))
+            rms = max(rms, math.sqrt(float(np.max(pw[:, :Lk + 1] @ (cl * cl))) / (4.0 * np.pi)))
+        # barycentric interpolation (second kind: weights (-1)^k, halved at the ends)
+        bw = (-1.0) ** np.arange(n + 1)
+        bw[0] *= 0.5
+        bw[-1] *= 0.5
+        lag = np.empty((n + 1, i1 - i0))
+        _lagrange(np.ascontiguousarray(ks[i0:i1]), kn, bw, lag)
+        info.append((locs[b], rms, lag))
+    # each worker synthesises node maps into its own buffer and adds them, weighted, into its own sums
+    # (per bin: 4 interpolated sums and the rounding sum): no (n + 1) x 4 x m array of node values
+    mmax = max(i1 - i0 for (i0, i1, *_rest) in bins)
+    workspace = {}
+    lock = threading.Lock()
 
     def synth(job):
-        b, k, q, a_lm, L = job
-        info[b][4][k, q] = ducc0.sht.synthesis_general(alm=a_lm[None, :], spin=0, lmax=L, mstart=mstart[:L + 1],
-                                                       loc=info[b][0], epsilon=EPS_SHT, nthreads=1)[0]
+        b, k, q, cl_lm, L = job
+        a_lm = alm[q] * cl_lm  # in the worker: numpy releases the GIL
+        tid = threading.get_ident()
+        ws = workspace.get(tid)
+        if ws is None:
+            ws = (np.empty((1, mmax)), [np.zeros((5, i1 - i0)) for (i0, i1, *_rest) in bins])
+            with lock:
+                workspace[tid] = ws
+        m = bins[b][1] - bins[b][0]
+        buf = ws[0][:, :m]
+        ducc0.sht.synthesis_general(alm=a_lm[None, :], spin=0, lmax=L, mstart=mstart[:L + 1], loc=info[b][0],
+                                    epsilon=EPS_SHT, nthreads=1, map=buf)
+        _accumulate(info[b][2][k], buf[0], ws[1][b], q)
 
     if nthreads > 1 and len(jobs) > 1:
         with ThreadPoolExecutor(max_workers=nthreads) as pool:
@@ -295,23 +397,16 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads):
     else:
         for job in jobs:
             synth(job)
-    for (i0, i1, a, b, L, n), (loc, kn, tails, rms, G) in zip(bins, info):
-        kb = ks[i0:i1]
-        # barycentric interpolation (second kind: weights (-1)^k, halved at the ends)
-        if n == 0:
-            Fs[i0:i1] = G[0].T
-            rnd = 4.0 * EPS * np.abs(G[0, 0])
-        else:
-            bw = (-1.0) ** np.arange(n + 1)
-            bw[0] *= 0.5
-            bw[-1] *= 0.5
-            absum = np.empty(i1 - i0)
-            _barycentric(np.ascontiguousarray(kb), kn, bw, G, Fs[i0:i1], absum)
-            # rounding of the interpolation (weights and sums): |G^q| <= |G^0| up to the transform error
-            rnd = 4.0 * (n + 2) * EPS * absum
-        lam = lebesgue(n)
-        ds[i0:i1] = (w1 * (interp_bound(a, b, n) + lam * tails)
-                     + NUFFT_SAFETY * EPS_SHT * lam * rms + rnd)
+    parts = list(workspace.values())
+    for b, ((i0, i1, a, b_, L, n), (kn, per_node, tails, ib, lam)) in enumerate(zip(bins, nodedata)):
+        acc = parts[0][1][b].copy()
+        for ws in parts[1:]:
+            acc += ws[1][b]
+        Fs[i0:i1] = acc[:4].T
+        # rounding of the interpolation (weights, the n + 1 products, the sum over the workers):
+        # |G^q| <= |G^0| up to the transform error
+        rnd = 4.0 * (n + 3) * EPS * acc[4]
+        ds[i0:i1] = w1 * (ib + lam * tails) + NUFFT_SAFETY * EPS_SHT * lam * info[b][1] + rnd
     F = np.empty((M, 4))
     delta = np.empty(M)
     F[order] = Fs

@@ -21,6 +21,7 @@ import numpy as np
 from .._checks import as_matrix, as_points, finite_float
 from ..kernels import attention as _k
 from ..kernels import funk_hecke as _fh
+from ..kernels.fastexp import EXP_FLOOR
 from .base import Model, tangent_project
 
 __all__ = ["Attention", "METHODS", "SourceBlocks"]
@@ -263,8 +264,10 @@ class Attention(Model):
         bx = targets @ self.B  # rows: B^T x
         s = np.linalg.norm(bx, axis=1)
         kappa = self.beta * s
-        U = np.zeros_like(bx)
         ok = s > 0
+        if ok.all():
+            return np.ascontiguousarray(bx / s[:, None]), kappa
+        U = np.zeros_like(bx)
         U[ok] = bx[ok] / s[ok, None]
         U[~ok, 0] = 1.0
         kappa[~ok] = 0.0
@@ -424,14 +427,11 @@ class Attention(Model):
             self._cache["spectral_flagged"] = M
             return self._fallback(np.ones(M, dtype=bool), U, kappa, y, w, out)
         heavy, wl = self._heavy_split(w)
-        F, delta = _fh.spectral_sums(U, kappa, y, wl, bins, order, numba.get_num_threads())
-        if heavy.any():
-            Fh = np.empty((M, 4))
-            _k.direct3_sums(U, kappa, np.ascontiguousarray(y[heavy].T), np.ascontiguousarray(w[heavy]), Fh)
-            F += Fh
+        F, delta = _fh.spectral_sums(U, kappa, y, wl, bins, order, numba.get_num_threads(), cache=self._cache)
+        floor = self._add_heavy(heavy, U, kappa, y, w, F)
         eps = np.finfo(float).eps
         D = F[:, 0]
-        delta = delta + 64.0 * eps * np.abs(D)
+        delta = delta + 64.0 * eps * np.abs(D) + floor
         with np.errstate(divide="ignore", invalid="ignore"):
             bound = (1.0 + math.sqrt(3.0)) * delta / D
         ok = (D > 1e-250) & (bound <= 0.9 * self.tol)
@@ -445,6 +445,18 @@ class Attention(Model):
         self._series_then_fallback(bad, U, kappa, y, w, out)
         self._cache["spectral_degree"] = L
         return out
+
+    @staticmethod
+    def _add_heavy(heavy, U, kappa, y, w, F):
+        """Adds the direct sums of the heavy sources to F (M, 4); returns their error from the floor of
+        the kernel's exp (each term >= exp(EXP_FLOOR) w_j: at most 2.6e-261 sum of the heavy weights)."""
+        if not heavy.any():
+            return 0.0
+        Fh = np.empty((F.shape[0], 4))
+        wh = np.ascontiguousarray(w[heavy])
+        _k.direct3_sums(U, kappa, np.ascontiguousarray(y[heavy].T), wh, Fh)
+        F += Fh
+        return math.exp(EXP_FLOOR) * float(wh.sum())
 
     def _series_then_fallback(self, bad, U, kappa, y, w, out):
         """Targets flagged by the fast path: the in-house series first where it is expected to be
@@ -524,10 +536,7 @@ class Attention(Model):
         F[order] = Fs
         absum[order] = abs_s
         tail[order] = tail_s
-        if heavy.any():
-            Fh = np.empty((M, 4))
-            _k.direct3_sums(U, kappa, np.ascontiguousarray(y[heavy].T), np.ascontiguousarray(w[heavy]), Fh)
-            F += Fh
+        floor = self._add_heavy(heavy, U, kappa, y, w, F)
         w1 = float(wl.sum())
         w2 = float(np.sqrt(np.dot(wl, wl)))
         eps = np.finfo(float).eps
@@ -538,7 +547,7 @@ class Attention(Model):
         delta = w1 * tail + 8.0 * eps * math.sqrt(L + 1) * (absum + w2 * math.sqrt(2 * L + 1))
         # heavy part: direct sums, relative rounding ~ 1e-16 x (terms): counted as 64 eps D
         D = F[:, 0]
-        delta = delta + 64.0 * eps * np.abs(D)
+        delta = delta + 64.0 * eps * np.abs(D) + floor
         with np.errstate(divide="ignore", invalid="ignore"):
             # m_hat - m = (N_hat - N) / D_hat + m (D - D_hat) / D_hat, |N_hat - N| <= sqrt(3) delta
             bound = (1.0 + math.sqrt(3.0)) * delta / D
