@@ -60,10 +60,9 @@ SUPER = 16
 #: cancels catastrophically (NaN). No attention model of interest comes near this.
 KAPPA_MAX = 1e18
 
-#: Measured throughput of the direct kernel (kernel evaluations per CPU second, AVX2; 0.62-0.71e9 in
-#: validation/bench_attention.py since its two-stage blocked loop), for the cost model of
-#: ``method="auto"``.
-DIRECT_RATE = 0.65e9
+#: Measured throughput of the direct kernel (kernel evaluations per CPU second, AVX2; 0.64-0.84e9 in
+#: validation/bench_attention.py since its base-2 two-stage loop), for the cost model of ``method="auto"``.
+DIRECT_RATE = 0.7e9
 #: Sources summed per CPU second inside the pruned method (its exact block sums), measured at nside 64
 #: and 128, beta 100 and 1e3.
 PRUNED_RATE = 0.4e9
