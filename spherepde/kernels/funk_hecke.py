@@ -279,13 +279,12 @@ def _healpix_geometry(nside):
     return ducc0.healpix.Healpix_Base(nside, "RING").sht_info()
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=8)
 def _node_data(bins, Lmax):
     """Per bin of a plan: Chebyshev nodes, per-node degree Lk and Funk-Hecke factors 4 pi e^-kappa i_l
-    (expanded to the a_lm layout of degree Lmax), the largest tail, and the a priori interpolation bound
-    and Lebesgue constant. Depends on the plan only, so repeated evaluations (every stage of a run) reuse it.
+    (zero-padded to degree Lmax), the largest tail, and the a priori interpolation bound and Lebesgue
+    constant. Depends on the plan only, so repeated evaluations (every stage of a run) reuse it.
     """
-    lidx = np.concatenate([np.arange(m, Lmax + 1) for m in range(Lmax + 1)])
     out = []
     for (i0, i1, a, b, L, n) in bins:
         kn = nodes(a, b, n)
@@ -302,7 +301,7 @@ def _node_data(bins, Lmax):
             cl = 4.0 * np.pi * il
             cfull = np.zeros(Lmax + 1)
             cfull[:Lk + 1] = cl
-            per_node.append((Lk, cl, cfull[lidx]))
+            per_node.append((Lk, cl, cfull))
         out.append((kn, per_node, tails, interp_bound(a, b, n), lebesgue(n)))
     return out
 
@@ -359,9 +358,9 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads, cache=None):
     info = []  # per bin: (loc, rms, Lagrange weights (n + 1, m))
     for b, ((i0, i1, a, b_, L, n), (kn, per_node, tails, ib, lam)) in enumerate(zip(bins, nodedata)):
         rms = 0.0
-        for k, (Lk, cl, cl_lm) in enumerate(per_node):
+        for k, (Lk, cl, cfull) in enumerate(per_node):
             for q in range(4):
-                jobs.append((b, k, q, cl_lm, Lk))
+                jobs.append((b, k, q, cfull, Lk))
             rms = max(rms, math.sqrt(float(np.max(pw[:, :Lk + 1] @ (cl * cl))) / (4.0 * np.pi)))
         # barycentric interpolation (second kind: weights (-1)^k, halved at the ends)
         bw = (-1.0) ** np.arange(n + 1)
@@ -377,8 +376,8 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads, cache=None):
     lock = threading.Lock()
 
     def synth(job):
-        b, k, q, cl_lm, L = job
-        a_lm = alm[q] * cl_lm  # in the worker: numpy releases the GIL
+        b, k, q, cfull, L = job
+        a_lm = alm[q] * cfull[lidx]  # in the worker
         tid = threading.get_ident()
         ws = workspace.get(tid)
         if ws is None:
