@@ -75,10 +75,30 @@ def direct_throughput(repeat=5):
     return res
 
 
+def host_reference(repeat=10):
+    """Milliseconds of one fixed ducc0 synthesis (degree 95, 12000 random points, one thread, best of
+    ``repeat``): this host's speed swings by tens of percent from hour to hour (1.4 ms in a quiet hour,
+    2.5 ms in a busy one, same code), and the fast spectral path is made of such syntheses."""
+    import ducc0
+
+    rng = np.random.default_rng(0)
+    L = 95
+    alm = rng.normal(size=(L + 1) * (L + 2) // 2) + 1j * rng.normal(size=(L + 1) * (L + 2) // 2)
+    alm[:L + 1] = alm[:L + 1].real
+    loc = np.ascontiguousarray(np.stack([np.arccos(rng.uniform(-1, 1, 12000)), rng.uniform(0, 2 * np.pi, 12000)], 1))
+    best = np.inf
+    for _ in range(repeat + 1):
+        t = time.thread_time()
+        ducc0.sht.synthesis_general(alm=alm[None], spin=0, lmax=L, loc=loc, epsilon=3e-13, nthreads=1)
+        best = min(best, time.thread_time() - t)
+    return 1e3 * best
+
+
 def main(nsides=(32, 64, 128), repeat=3, tols=(1e-12, 1e-10)):
     rows = []
     rates = []
     load0 = os.getloadavg()[0]
+    ref0 = host_reference()
     thr = direct_throughput()
     for nt, (rw, rc, ld) in thr.items():
         print(f"direct kernel, {nt} thread(s): {rw / 1e9:.2f}e9 / s wall, {rc / 1e9:.2f}e9 / CPU s (load {ld:.1f})")
@@ -121,6 +141,8 @@ def main(nsides=(32, 64, 128), repeat=3, tols=(1e-12, 1e-10)):
         f"Machine: {os.cpu_count()} cores, AVX2 (shared: 1-minute load average {load0:.1f} at the start, "
         f"{os.getloadavg()[0]:.1f} at the end; per row in the last column). General B (singular values "
         "1.6, 1.1, 0.55).",
+        f"Host speed reference (one fixed ducc0 synthesis, see host_reference): {ref0:.2f} ms at the start, "
+        f"{host_reference():.2f} ms at the end (1.4 ms in a quiet hour; the spectral rows scale with it).",
         "Wall: best wall time; CPU: process CPU seconds of that run (on a loaded machine wall > CPU / cores;",
         "on an idle one wall ~ CPU / 2 where the kernels scale).",
         "Targets = sources = HEALPix pixel centres; error = max |m_auto - m_direct| over all targets",
