@@ -452,6 +452,34 @@ def test_fast_spectral_general_sources_and_serial_path(monkeypatch):
     assert np.allclose(d1, d2, rtol=1e-6, atol=0.0)
 
 
+def test_heavy_sources_skipped_only_where_bounded():
+    # the heavy sources (a concentrated bump) are summed directly only where they can matter: at every
+    # skipped target the true heavy sums (all four, direct kernel) are within the bound added to delta,
+    # the bound is <= 1e-3 delta there, and at the other targets F gets exactly the direct sums
+    from spherepde.kernels import attention as K
+
+    rng = np.random.default_rng(12)
+    y = pix(16)
+    c = np.array([0.3, -0.5, 0.81]) / np.linalg.norm([0.3, -0.5, 0.81])
+    w = (np.exp(300.0 * (y @ c - 1.0)) + 1e-6) * 4 * np.pi / len(y)
+    model = Attention(random_B(rng), np.eye(3), 60.0)
+    heavy, wl = model._heavy_split(w)
+    assert 0 < heavy.sum() < len(y) // 10
+    x = rng.normal(size=(3000, 3))
+    x /= np.linalg.norm(x, axis=1)[:, None]
+    U, kappa = model._centres(x)
+    delta = np.full(len(x), 1e-14 * wl.sum())
+    F = np.zeros((len(x), 4))
+    extra = model._add_heavy(heavy, U, kappa, y, w, F, delta)
+    full = np.empty((len(x), 4))
+    K.direct3_sums(U, kappa, np.ascontiguousarray(y[heavy].T), np.ascontiguousarray(w[heavy]), full)
+    skipped = ~F.any(axis=1)
+    assert 0.3 * len(x) < skipped.sum() < len(x)  # the case exercises both branches
+    assert np.all(np.abs(full[skipped]) <= extra[skipped, None])
+    assert np.all(extra[skipped] <= 1e-3 * delta[skipped])
+    assert np.array_equal(F[~skipped], full[~skipped])
+
+
 def test_fast_spectral_flagged_targets_go_to_the_series_first():
     # a density spanning two decades (the state of a concentrating run): far from its bulk the fast
     # path's transform-error model flags many targets; the in-house series (rounding model ~1e3 tighter)

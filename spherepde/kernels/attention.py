@@ -219,9 +219,9 @@ def _max3_log(ux, uy, uz, h, sx, sy, sz, LW, j0, n):
     return mx
 
 
-@nb.njit(cache=True)
 def direct3(U, kappa, S, W, LW, out):
-    """Exact attention mean for d = 3, O(N) per target.
+    """Exact attention mean for d = 3, O(N) per target (a Python driver of two parallel Numba kernels:
+    a Numba function calling parallel ones crashed when loaded from numba's on-disk cache).
 
     Parameters
     ----------
@@ -792,7 +792,6 @@ def sph_eval(U, kappa, C, R, Lc, offset, ra, rb, pmm, out, absum, tail):
             absum[t] = F[4, tt]
 
 
-@nb.njit(cache=True)
 def direct3_sums(U, kappa, S, W, out):
     """Raw shifted sums for d = 3: out[i] = sum_j W_j exp(-kappa_i |u_i - y_j|^2 / 2) (1, y_j).
 
