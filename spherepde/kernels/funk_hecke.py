@@ -248,7 +248,7 @@ def healpix_ring_nside(Y, tol=1e-15):
     return ns if float(np.max(np.abs(Y - ref))) <= tol else 0
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=2)  # 24 N bytes each
 def _ring_centres(nside):
     import healpy as hp
 
