@@ -160,26 +160,6 @@ def _blocked_sums3(U, kappa, S, W, acc):
 
 
 @nb.njit(fastmath=_FM, inline="always")
-def _sum3_ftz(ux, uy, uz, h, sx, sy, sz, W, j0, n):
-    """:func:`_sum3` with terms below exp(-708) flushed to 0 (any weights, no floor)."""
-    d = 0.0
-    nx = 0.0
-    ny = 0.0
-    nz = 0.0
-    for jj in range(n):
-        j = j0 + jj
-        ax = ux - sx[j]
-        ay = uy - sy[j]
-        az = uz - sz[j]
-        e = W[j] * fexp_ftz(-h * (ax * ax + ay * ay + az * az))
-        d += e
-        nx += e * sx[j]
-        ny += e * sy[j]
-        nz += e * sz[j]
-    return d, nx, ny, nz
-
-
-@nb.njit(fastmath=_FM, inline="always")
 def _sum3_log(ux, uy, uz, h, sx, sy, sz, LW, shift, j0, n):
     """Sums of exp(LW - shift - h |u - y|^2) (1, y), exp floored at exp(-600): with the shift a
     maximum exponent the sum is >= 1, so the floor (also for LW = -inf) adds < N 2.7e-261 relative."""

@@ -39,7 +39,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 __all__ = ["fexp", "fexp_ftz", "fexp_floor", "fma", "opaque", "poly10", "EXP_UNDERFLOW", "EXP_FTZ", "EXP_FLOOR",
-           "LN2", "LN2_LO", "SHIFTER", "SHIFTER_BIASED", "P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9", "P10", "Q1",
+           "SHIFTER", "P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9", "P10", "Q1",
            "Q2", "Q3", "Q4", "Q5", "Q6", "Q7", "Q8", "Q9", "Q10"]
 
 #: Below this argument exp(x) rounds to 0 in float64 (half the smallest subnormal).
@@ -61,11 +61,6 @@ _SHIFTER_BITS = 0x4338000000000000
 # and shifting the bits left by 52 drops everything above them
 _SHIFTER_BIASED = _SHIFTER + 1023.0
 _TWO_M60 = 2.0**-60
-#: ln 2 rounded to float64, and ln 2 - LN2: with FMAs, r = fma(k, -LN2_LO, fma(k, -LN2, x)) is x - k ln 2
-#: to within one rounding of r (one FMA alone is off by |k| 2.3e-17).
-LN2 = 0.6931471805599453
-LN2_LO = 2.3190468138462996e-17
-SHIFTER_BIASED = _SHIFTER_BIASED
 #: 1.5 * 2^52: fma(q, c, SHIFTER) rounds q c to an integer k held in the low mantissa bits (two's complement)
 SHIFTER = _SHIFTER
 

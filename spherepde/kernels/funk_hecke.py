@@ -266,12 +266,10 @@ def _source_moments(Y, W, Lmax, nthreads):
     maps = np.stack([W, W * Y[:, 0], W * Y[:, 1], W * Y[:, 2]])
     ns = healpix_ring_nside(Y)
     if ns:
-        geom = _healpix_geometry(ns)
-        return [ducc0.sht.adjoint_synthesis(map=m[None, :], spin=0, lmax=Lmax, nthreads=nthreads, **geom)[0]
-                for m in maps]
-    locy = _loc(Y)
-    return [ducc0.sht.adjoint_synthesis_general(map=m[None, :], spin=0, lmax=Lmax, loc=locy, epsilon=EPS_SHT,
-                                                nthreads=nthreads)[0] for m in maps]
+        adjoint, where = ducc0.sht.adjoint_synthesis, _healpix_geometry(ns)
+    else:
+        adjoint, where = ducc0.sht.adjoint_synthesis_general, {"loc": _loc(Y), "epsilon": EPS_SHT}
+    return [adjoint(map=m[None, :], spin=0, lmax=Lmax, nthreads=nthreads, **where)[0] for m in maps]
 
 
 @functools.lru_cache(maxsize=4)

@@ -475,15 +475,12 @@ class Attention(Model):
             skip = cap <= 1e-3 * delta
             extra[skip] = cap[skip]
             todo = ~skip
-        if todo.all():
-            Fh = np.empty((M, 4))
-            _k.direct3_sums(U, kappa, np.ascontiguousarray(yh.T), wh, Fh)
-            F += Fh
-        elif todo.any():
-            Fh = np.empty((int(todo.sum()), 4))
-            _k.direct3_sums(np.ascontiguousarray(U[todo]), np.ascontiguousarray(kappa[todo]),
-                            np.ascontiguousarray(yh.T), wh, Fh)
-            F[todo] += Fh
+        if todo.any():
+            sel = slice(None) if todo.all() else todo  # all: no copies of U and kappa
+            Uh, kh = np.ascontiguousarray(U[sel]), np.ascontiguousarray(kappa[sel])
+            Fh = np.empty((kh.shape[0], 4))
+            _k.direct3_sums(Uh, kh, np.ascontiguousarray(yh.T), wh, Fh)
+            F[sel] += Fh
         return extra
 
     def _series_then_fallback(self, bad, U, kappa, y, w, out):
