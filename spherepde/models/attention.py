@@ -291,18 +291,25 @@ class Attention(Model):
     def _fast_spectral_ok(self):
         return self.dim == 3 and _fh.available() and self.tol >= FAST_SPECTRAL_MIN_TOL
 
-    def _fast_plan(self, kappa):
-        """(estimated CPU seconds, plan, sorting order) of the fast-transform spectral path."""
+    def _fast_plan(self, kappa, cost_cap=math.inf):
+        """(estimated CPU seconds, plan, sorting order) of the fast-transform spectral path; with a
+        ``cost_cap`` (the cost of another method), (inf, None, order) if it cannot be cheaper (not kept)."""
         key = ("fast_plan", kappa.shape[0], float(kappa.min()), float(kappa.max()), float(kappa.sum()))
         hit = self._cache.get("fast_plan")
         if hit is not None and hit[0] == key:
             return hit[1]
+        hit = self._cache.get("fast_plan_capped")
+        if hit is not None and hit[0] == (key, cost_cap):
+            return hit[1]
         order = np.argsort(kappa, kind="stable")
         ks = kappa[order]
         goal = 0.1 * self.tol / (2.8 * (2.0 * float(ks[-1]) + 1.0))
-        cost, bins = _fh.plan(ks, goal, SPECTRAL_LMAX_FAST)
+        cost, bins = _fh.plan(ks, goal, SPECTRAL_LMAX_FAST, cost_cap)
         res = (cost, bins, order)
-        self._cache["fast_plan"] = (key, res)
+        if bins is not None or not math.isfinite(cost_cap):
+            self._cache["fast_plan"] = (key, res)
+        else:  # not built because another method is cheaper: a plan asked for without a cap is made anew
+            self._cache["fast_plan_capped"] = ((key, cost_cap), res)
         return res
 
     def _choose(self, kappa, N, M):
@@ -315,7 +322,7 @@ class Attention(Model):
             t_direct = N * M / DIRECT_RATE
             frac = min(1.0, 1.2 * self._pruned_fraction(kappa, N))
             t_pruned = N * M * frac / PRUNED_RATE + M * (N / (BLOCK * SUPER)) * 2e-9
-            t_spec = self._fast_plan(kappa)[0] * 1.3 + 0.02
+            t_spec = self._fast_plan(kappa, min(t_direct, t_pruned) / 1.3)[0] * 1.3 + 0.02
             best = min(t_direct, t_pruned, t_spec)
             return "direct" if best == t_direct else ("pruned" if best == t_pruned else "spectral")
         if self._prefer_pruned(kappa, N):
