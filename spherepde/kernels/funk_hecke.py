@@ -500,17 +500,42 @@ def _bin_basis(a, b, L, goal):
     return phi, edges, kn, bw, beta, ib + lam * (tail + res), lam, p
 
 
-def _target_locations(Us, bins, cache):
-    """(theta, phi) of the sorted kernel centres, per bin; reused from ``cache`` when Us and the bins are
-    those of the previous call (compared exactly)."""
-    key = tuple((b[0], b[1]) for b in bins)
-    hit = None if cache is None else cache.get("fh_locations")
-    if hit is not None and hit[0] == key and hit[1].shape == Us.shape and np.array_equal(hit[1], Us):
-        return hit[2]
-    locs = [_loc(Us[i0:i1]) for (i0, i1, *_rest) in bins]
+@functools.lru_cache(maxsize=8)
+def _plan_data(bins):
+    """What a plan's evaluations share: the a_lm layout of its top degree Lmax (l of each entry, the
+    Parseval multiplicity, mstart) and per basis map its Funk-Hecke factors expanded to that layout."""
+    Lmax = max(b[4] for b in bins)
+    lidx = np.concatenate([np.arange(m, Lmax + 1) for m in range(Lmax + 1)])
+    mult = np.where(np.concatenate([np.full(Lmax + 1 - m, m) for m in range(Lmax + 1)]) > 0, 2.0, 1.0)
+    mstart = np.array([m * (2 * Lmax + 1 - m) // 2 for m in range(Lmax + 1)], dtype=np.uintp)
+    factors = []
+    for (i0, i1, a, b, L, r, g) in bins:
+        phi = _bin_basis(a, b, L, g)[0]
+        full = np.zeros((Lmax + 1, r))
+        full[:L + 1] = phi
+        factors.append(np.ascontiguousarray(full[lidx].T))  # (r, nalm)
+    return Lmax, lidx, mult, mstart, factors
+
+
+def _target_data(Us, ks, bins, cache):
+    """Per bin: (theta, phi) of the sorted kernel centres and their basis coefficients alpha, ab
+    (:func:`_coefficients`); reused from ``cache`` when Us, ks and the bins are those of the previous call
+    (compared exactly: a solver evaluates the field at the same points at every stage)."""
+    key = tuple(bins)
+    hit = None if cache is None else cache.get("fh_targets")
+    if (hit is not None and hit[0] == key and hit[1].shape == Us.shape and np.array_equal(hit[1], Us)
+            and np.array_equal(hit[2], ks)):
+        return hit[3]
+    out = []
+    for (i0, i1, a, b, L, r, g) in bins:
+        edges, kn, bw, beta = _bin_basis(a, b, L, g)[1:5]
+        alpha = np.empty((r, i1 - i0))
+        ab = np.empty((r, i1 - i0))
+        _coefficients(np.ascontiguousarray(ks[i0:i1]), edges, kn, bw, beta, alpha, ab)
+        out.append((_loc(Us[i0:i1]), alpha, ab))
     if cache is not None:
-        cache["fh_locations"] = (key, Us.copy(), locs)
-    return locs
+        cache["fh_targets"] = (key, Us.copy(), ks.copy(), out)
+    return out
 
 
 def spectral_sums(U, kappa, Y, W, bins, order, nthreads, cache=None):
@@ -529,40 +554,29 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads, cache=None):
         little from a second thread inside one call at L ~ 100): with nthreads > 1 they run side by side,
         one thread each, in a pool of nthreads workers (ducc0 releases the GIL).
     cache : dict, optional
-        Keeps the (theta, phi) of the sorted targets between calls with the same targets and plan (a
-        solver evaluates the field at the same points at every stage).
+        Keeps the (theta, phi) of the sorted targets and their basis coefficients between calls with the
+        same targets and plan (a solver evaluates the field at the same points at every stage).
     """
     M = U.shape[0]
-    Lmax = max(b[4] for b in bins)
+    Lmax, lidx, mult, mstart, factors = _plan_data(tuple(bins))
     alm = _source_moments(Y, W, Lmax, nthreads)
-    lidx = np.concatenate([np.arange(m, Lmax + 1) for m in range(Lmax + 1)])
-    mult = np.where(np.concatenate([np.full(Lmax + 1 - m, m) for m in range(Lmax + 1)]) > 0, 2.0, 1.0)
     # |a_lm|^2 weighted as in Parseval for a real map (m > 0 counted twice), per l, per map
-    pw = np.stack([np.bincount(lidx, weights=mult * np.abs(a) ** 2, minlength=Lmax + 1) for a in alm])
-    mstart = np.array([m * (2 * Lmax + 1 - m) // 2 for m in range(Lmax + 1)], dtype=np.uintp)
+    pw = np.stack([np.bincount(lidx, weights=mult * (a.real ** 2 + a.imag ** 2), minlength=Lmax + 1)
+                   for a in alm])
     w1 = float(W.sum())
     Us = U[order]
     ks = kappa[order]
     Fs = np.empty((M, 4))
     ds = np.empty(M)
-    locs = _target_locations(Us, bins, cache)
+    targets = _target_data(Us, ks, bins, cache)
     # every basis map of every bin: its syntheses (pooled), and the rms of its maps for the transform error
-    jobs = []  # (bin index, basis index, map index, Funk-Hecke factors (zero-padded to Lmax), L)
+    jobs = [(bi, k, q, b[4]) for bi, b in enumerate(bins) for k in range(b[5]) for q in range(4)]
     info = []  # per bin: (loc, alpha (r, m), ab (r, m), transform-error bound (m,))
     for bi, (i0, i1, a, b, L, r, g) in enumerate(bins):
         phi = _bin_basis(a, b, L, g)[0]
-        edges, kn, bw, beta = _bin_basis(a, b, L, g)[1:5]
-        rms = np.empty(r)
-        for k in range(r):
-            full = np.zeros(Lmax + 1)
-            full[:L + 1] = phi[:, k]
-            for q in range(4):
-                jobs.append((bi, k, q, full, L))
-            rms[k] = math.sqrt(float(np.max(pw[:, :L + 1] @ (phi[:, k] ** 2))) / (4.0 * np.pi))
-        alpha = np.empty((r, i1 - i0))
-        ab = np.empty((r, i1 - i0))
-        _coefficients(np.ascontiguousarray(ks[i0:i1]), edges, kn, bw, beta, alpha, ab)
-        info.append((locs[bi], alpha, ab, NUFFT_SAFETY * EPS_SHT * (rms @ ab)))
+        rms = np.sqrt(np.max(pw[:, :L + 1] @ phi ** 2, axis=0) / (4.0 * np.pi))
+        loc, alpha, ab = targets[bi]
+        info.append((loc, alpha, ab, NUFFT_SAFETY * EPS_SHT * (rms @ ab)))
     # each worker synthesises basis maps into its own buffer and adds them, weighted, into its own sums
     # (per bin: 4 sums and their 4 rounding sums): no r x 4 x m array of basis-map values
     mmax = max(b[1] - b[0] for b in bins)
@@ -570,8 +584,8 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads, cache=None):
     lock = threading.Lock()
 
     def synth(job):
-        bi, k, q, full, L = job
-        a_lm = alm[q] * full[lidx]  # in the worker
+        bi, k, q, L = job
+        a_lm = alm[q] * factors[bi][k]  # in the worker
         tid = threading.get_ident()
         ws = workspace.get(tid)
         if ws is None:
