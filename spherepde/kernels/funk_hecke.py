@@ -500,7 +500,7 @@ def _bin_basis(a, b, L, goal):
     return phi, edges, kn, bw, beta, ib + lam * (tail + res), lam, p
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=2)  # 8 r nalm(Lmax) bytes per bin: 5 MB at nside 64, beta 100
 def _plan_data(bins):
     """What a plan's evaluations share: the a_lm layout of its top degree Lmax (l of each entry, the
     Parseval multiplicity, mstart) and per basis map its Funk-Hecke factors expanded to that layout."""
