@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 from scipy import integrate
 
-from spherepde import Prescribed, ZeroTemperature
-from spherepde.exact import exact_cell_averages
+from spherepde import ZeroTemperature
 from spherepde.grids.healpix import HealpixGrid
 from spherepde.grids.tensor import TensorGrid, embed, sin_power_integral, sphere_area, to_angles
 from spherepde.solver import solve

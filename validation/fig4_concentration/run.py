@@ -154,7 +154,6 @@ def main(argv=None):
         for n, f0, b, T in EXTENDED:
             density_run(n, f0, b, T, HERE / "runs")
         return
-    t_all = time.perf_counter()
     sfx = "_quick" if a.quick else ""
     t_end = 3.0 if a.quick else T_END
     cache = HERE / ("runs_quick" if a.quick else "runs")
