@@ -1,44 +1,53 @@
 """Funk-Hecke evaluation of the attention sums with fast spherical-harmonic transforms (ducc0).
 
-For a target with kernel centre u and concentration kappa the four shifted sums are
+For a target with kernel centre u and concentration kappa the shifted sums are the denominator and
+the numerator
 
-    F^q(u, kappa) = sum_j W^q_j exp(kappa (<u, y_j> - 1)) = sum_l 4 pi e^-kappa i_l(kappa) sum_m a^q_lm Y_lm(u)
+    D(u, kappa) = sum_j W_j exp(kappa (<u, y_j> - 1)) = sum_l 4 pi e^-kappa i_l(kappa) sum_m a_lm Y_lm(u)
+    N(u, kappa) = sum_j W_j y_j exp(kappa (<u, y_j> - 1)) = (N.u) u + grad_u D / kappa
 
-(W^0 = W, W^{1,2,3} = W y_x, W y_y, W y_z; a^q_lm from the adjoint synthesis, so no quadrature error:
-ducc0's ring transform on HEALPix pixel centres, exact up to rounding, else its general one at accuracy
-EPS_SHT). General B gives every target its own kappa, so the Funk-Hecke factors
-c_l(kappa) = 4 pi e^-kappa i_l(kappa) are approximated by a low-rank expansion sum_k alpha_k(kappa) phi_k(l)
-(:func:`_bin_basis`): targets are split into bins [a, b] of kappa; in each bin the node vectors c(kappa_j)
-at Chebyshev points of S equal sub-intervals (degree p = 8) are compressed into r basis vectors phi_k
-(an orthonormal basis of the kernels' Legendre coefficients: SVD, refined in extended precision); the r
-basis maps
-G^q_k(u) = sum_lm phi_k(l) a^q_lm Y_lm(u) are synthesised at the bin's targets (ducc0 ``synthesis_general``)
-and F^q = sum_k alpha_k(kappa) G^q_k, alpha(kappa) from the Lagrange weights of the target's sub-interval.
-Chebyshev interpolation over the whole bin needed n + 1 maps per sum; the basis needs 1-2 fewer (rank 12
-in 3 bins where 13 nodes in 4 bins were needed at the benchmark's goal), and its transform error is
-smaller (no Lebesgue constant of n). Each basis map is added into the sums (weighted by its coefficient
-at every target) by the worker that synthesised it, while it is in cache.
+(a_lm of the map W from the adjoint synthesis, so no quadrature error: ducc0's ring transform on HEALPix
+pixel centres, exact up to rounding, else its general one at accuracy EPS_SHT). The numerator needs no
+maps of its own: its component along u is the sum with the zonal kernel t exp(kappa (t - 1)) (Legendre
+coefficients from those of D's kernel), and its tangential part is the surface gradient of D over kappa
+(ducc0's spin-1 synthesis of sqrt(l (l + 1)) a_lm: one call for both components, ~1.7 spin-0 calls).
 
-Error bound per target (all terms are bounds on sum_j W_j |error of its kernel value|, so they hold for
-the denominator and, since |y| = 1, for each numerator component):
+General B gives every target its own kappa, so the kernels' Funk-Hecke factors are approximated by
+low-rank expansions sum_k alpha_k(kappa) phi_k(l) (:func:`_bin_basis`): targets are split into bins
+[a, b] of kappa; in each bin the kernels' coefficient vectors at Chebyshev points of S equal
+sub-intervals (degree p = 8) are compressed into orthonormal bases (SVD, refined in extended precision):
+a joint one for D and N.u (r_J spin-0 maps: the two take different coefficients of the same maps) and
+one for the gradient (r_G spin-1 maps). The maps G_k(u) = sum_lm phi_k(l) a_lm Y_lm(u) are synthesised
+at the bin's targets (ducc0 ``synthesis_general``) and each sum is sum_k alpha_k(kappa) G_k(u), alpha from
+the Lagrange weights of the target's sub-interval. At the benchmark's goal (nside 64, beta 100) that is
+3 bins of 12 spin-0 and 11 spin-1 maps, ~31 spin-0 equivalents per bin, where the four Cartesian sums
+with Chebyshev interpolation over 4 bins took 4 x 13 = 52; and the transform-error term lost the
+interpolation's Lebesgue constant. Each map is added into the sums (weighted by its coefficient at every
+target) by the worker that synthesised it, while it is in cache.
 
-- kernel approximation (rigorous, per bin, :func:`_bin_basis`): for every kappa in the bin and t in [-1, 1],
-  |exp(kappa (t - 1)) - sum_k alpha_k(kappa) K_k(t)| <= ib + lam (tail + res), K_k the kernel of phi_k.
-  ib: the interpolation error in kappa on a sub-interval: for fixed s = 1 - t in [0, 2], kappa ->
-  exp(-kappa s) is entire and bounded by exp(s (hw (rho + 1/rho) / 2 - c)) on the Bernstein ellipse
-  E_rho of [a, b] (centre c, half-width hw), so the degree-p Chebyshev interpolant is off by
-  <= 4 M rho^-p / (rho - 1) (Trefethen, ATAP Thm 8.2); :func:`interp_bound` takes the best rho for every
-  s (monotonicity in s makes a grid in s rigorous). lam: the Lebesgue constant of degree p. tail: the
+Error bound per target (the terms bound sum_j W_j |error of its kernel value|; for the numerator, of its
+vector error, so they bound each component):
+
+- kernel approximation (rigorous, per bin, :func:`_bin_basis`): for every kappa in the bin and t in
+  [-1, 1], D's kernel within ib + lam (tail + res_D), N.u's within ib + lam (tailB + res_N), and
+  sqrt(1 - t^2) |d/dt| of the gradient's within L (ib + lam (tail + res_G) + tail) + dtail (Bernstein's
+  inequality: |grad_u sum_j W_j E(<u, y_j>)| <= sum_j W_j |E'| sqrt(1 - t^2)), over kappa. ib: the
+  interpolation error in kappa on a sub-interval: for fixed s = 1 - t in [0, 2], kappa -> exp(-kappa s) is
+  entire and bounded by exp(s (hw (rho + 1/rho) / 2 - c)) on the Bernstein ellipse E_rho of [a, b] (centre
+  c, half-width hw), so the degree-p Chebyshev interpolant is off by <= 4 M rho^-p / (rho - 1) (Trefethen,
+  ATAP Thm 8.2; the same for t exp(-kappa s), |t| <= 1); :func:`interp_bound` takes the best rho for every
+  s (monotonicity in s makes a grid in s rigorous). lam: the Lebesgue constant of degree p. The tails: the
   truncation at degree L. res: the largest residual of the node vectors after the compression, as a
   polynomial in t (sup over a grid with Bernstein's inequality), computed in extended precision with the
   float64 basis and coefficients that are used. Times ||W||_1.
-- rounding (a posteriori): 4 (r + 2p + 10) eps max_q sum_k ab_k |G^q_k|, ab_k = sum_j |l_j| |beta_jk|
-  >= |alpha_k| (the products, their sums over k and over the workers, and the coefficients themselves).
+- rounding (a posteriori): 4 (r + 2p + 10) eps sum_k ab_k |G_k|, ab_k = sum_j |l_j| |beta_jk| >= |alpha_k|
+  (the products, their sums over k and over the workers, and the coefficients themselves), and 8 eps of
+  the numerator's parts for its assembly.
 - transform error (a model, as the rounding model of the in-house path): ducc0 is asked for EPS_SHT;
-  the error of a basis map is taken as NUFFT_SAFETY * EPS_SHT * (rms of that map over the sphere, from
-  Parseval), times ab_k, summed over k. Measured: <= 0.5 EPS_SHT rms for Chebyshev node maps
-  (concentrated densities; 0.08 for smooth ones) at kappa 10..176, and the same for the SVD basis maps
-  (tests), so the model has a margin of 20 or more.
+  the error of a map is taken as NUFFT_SAFETY * EPS_SHT * (rms of that map over the sphere, from
+  Parseval; for a spin-1 map the rms of the vector), times ab_k, summed over k. Measured: <= 0.5 EPS_SHT
+  rms for Chebyshev node maps (concentrated densities; 0.08 for smooth ones) at kappa 10..176, <= 0.15
+  for the spin-0 and <= 0.21 for the spin-1 basis maps (tests), so the model has a margin of 20 or more.
 
 Functions
 ---------
@@ -91,6 +100,8 @@ T_CALL = 4.5e-4
 T_LL = 1.27e-7
 T_POINT = 4.6e-8
 T_POINT2 = 2.04e-12
+#: A spin-1 synthesis (two maps, one interpolation) costs this many spin-0 ones (measured at L 104).
+SPIN1_COST = 1.7
 
 
 def available() -> bool:
@@ -172,23 +183,37 @@ def _nodes_needed(a: float, b: float, goal: float) -> int:
     return lo
 
 
-def _call_cost(r, L, m):
-    return 4 * r * (T_CALL + T_LL * L * L + T_POINT * m + T_POINT2 * m * m)
+def _bin_degree(b: float, goal: float, lmax_cap: int) -> int:
+    """Least degree L (or lmax_cap + 1) whose truncation tails at kappa = b (the largest: tails grow with
+    kappa) are <= goal / 4: the tail of exp(kappa (t - 1)) and the bound A_L + tail of t exp(kappa (t - 1))
+    (:func:`_kernel_columns`; A_L dominates at small kappa, where the coefficients fall fastest)."""
+    L = _degree(b, goal / 12.0, lmax_cap)
+    while L <= lmax_cap:
+        A, B, tail, tailB, dtail = _kernel_columns([b], L)
+        if float(tailB[0]) <= goal / 4.0:
+            return L
+        L += 1
+    return L
+
+
+def _call_cost(r0, r1, L, m):
+    """CPU seconds of r0 spin-0 and r1 spin-1 syntheses of degree L at m targets."""
+    return (r0 + SPIN1_COST * r1) * (T_CALL + T_LL * L * L + T_POINT * m + T_POINT2 * m * m)
 
 
 def plan(kappa_sorted: np.ndarray, goal: float, lmax_cap: int, cost_cap: float = math.inf):
     """Split the (sorted) kappa range into bins; returns (cost, [(i0, i1, a, b, L, r, g), ...]) with the
     cheapest number of geometric bins (1..MAX_BINS) by the cost model, or (inf, None) if no plan meets
     the goal within lmax_cap (and NMAX, SUB_MAX): targets i0:i1 of the sorted ones, kappa in [a, b],
-    degree L, r basis maps per sum (:func:`_bin_basis`, kernel goal g = goal / 3).
+    degree L, r = (spin-0, spin-1) basis map counts (:func:`_bin_basis`, kernel goal g = goal / 3).
 
-    Every split is first costed with the rank estimated from the Chebyshev degree n over each bin
-    (r ~ n - 1 at the benchmark's goal); the bases are built (and cached) for the three cheapest only,
-    and the cheapest by their true ranks is returned. Splits estimated above 1.5 ``cost_cap`` are not
+    Every split is first costed with the ranks estimated from the Chebyshev degree n over each bin
+    (n spin-0 and n - 1 spin-1 maps at the benchmark's goal); the bases are built (and cached) for the
+    three cheapest only, and the cheapest by their true ranks is returned. Splits estimated above 1.5 ``cost_cap`` are not
     built: (inf, None) if that leaves none (the caller has a cheaper method)."""
     M = kappa_sorted.shape[0]
     kmin, kmax = float(kappa_sorted[0]), float(kappa_sorted[-1])
-    if _degree(kmax, goal / 3.0, lmax_cap) > lmax_cap:  # the top bin's degree, whatever the split
+    if _bin_degree(kmax, goal / 3.0, lmax_cap) > lmax_cap:  # the top bin's degree, whatever the split
         return (math.inf, None)
     cands = []
     for J in range(1, MAX_BINS + 1):
@@ -207,13 +232,13 @@ def plan(kappa_sorted: np.ndarray, goal: float, lmax_cap: int, cost_cap: float =
             if i1 <= i0:
                 continue
             a, b = float(kappa_sorted[i0]), float(kappa_sorted[i1 - 1])
-            L = _degree(b, goal / 3.0, lmax_cap)
+            L = _bin_degree(b, goal / 3.0, lmax_cap)
             n = _nodes_needed(a, b, goal / 3.0)
             if L > lmax_cap or n > NMAX:
                 ok = False
                 break
             bins.append((i0, i1, a, b, L))
-            est += _call_cost(max(1, n - 1), L, i1 - i0)
+            est += _call_cost(max(1, n), max(1, n - 1), L, i1 - i0)
         if ok and est <= 1.5 * cost_cap:
             cands.append((est, J, bins))
     best = (math.inf, None)
@@ -224,9 +249,9 @@ def plan(kappa_sorted: np.ndarray, goal: float, lmax_cap: int, cost_cap: float =
             basis = _bin_basis(a, b, L, goal / 3.0)
             if basis is None:
                 break
-            r = basis[0].shape[1]
+            r = (basis[4].shape[1], basis[9].shape[1])
             final.append((i0, i1, a, b, L, r, goal / 3.0))
-            cost += _call_cost(r, L, i1 - i0)
+            cost += _call_cost(r[0], r[1], L, i1 - i0)
         else:
             if cost < best[0]:
                 best = (cost, final)
@@ -292,14 +317,25 @@ def _coefficients(kb, edges, kn, bw, beta, alpha, ab):
 
 
 @numba.njit(nogil=True, cache=True)
-def _accumulate(ak, bk, g, acc, q):
-    """acc[q] += ak g (one basis map into its sum) and acc[4 + q] += bk |g| (the a posteriori rounding
-    bound, bk >= |ak|); runs in the worker that synthesised g, while g is in cache."""
-    a = acc[q]
-    b = acc[4 + q]
+def _accumulate0(aD, bD, aN, bN, g, acc):
+    """One spin-0 basis map g into the sums of D (acc[0]) and N.u (acc[1]) and their a posteriori rounding
+    sums (acc[4], acc[5]; b >= |a|); runs in the worker that synthesised g, while g is in cache."""
     for i in range(g.shape[0]):
-        a[i] += ak[i] * g[i]
-        b[i] += bk[i] * abs(g[i])
+        gi = g[i]
+        acc[0, i] += aD[i] * gi
+        acc[1, i] += aN[i] * gi
+        acc[4, i] += bD[i] * abs(gi)
+        acc[5, i] += bN[i] * abs(gi)
+
+
+@numba.njit(nogil=True, cache=True)
+def _accumulate1(aG, bG, g, acc):
+    """One spin-1 basis map g (its d/dtheta and d/dphi / sin theta rows) into the gradient sums (acc[2],
+    acc[3]) and their rounding sum (acc[6])."""
+    for i in range(g.shape[1]):
+        acc[2, i] += aG[i] * g[0, i]
+        acc[3, i] += aG[i] * g[1, i]
+        acc[6, i] += bG[i] * (abs(g[0, i]) + abs(g[1, i]))
 
 
 def healpix_ring_nside(Y, tol=1e-15):
@@ -326,18 +362,19 @@ def _ring_centres(nside):
 
 
 def _source_moments(Y, W, Lmax, nthreads):
-    """a^q_lm (q = 0..3) of the maps W, W y_x, W y_y, W y_z: sum_j W^q_j conj(Y_lm(y_j)).
+    """a_lm = sum_j W_j conj(Y_lm(y_j)) of the map W (the numerators' maps W y are not needed: the
+    numerator is D's gradient and the kernel t exp(kappa (t - 1)), see :func:`_bin_basis`).
 
     On the HEALPix pixel centres (RING order) this is ducc0's ring adjoint synthesis (exact up to
     rounding: the centres lie on iso-latitude rings with equispaced longitudes); elsewhere the
     general (NUFFT) one at accuracy EPS_SHT."""
-    maps = np.stack([W, W * Y[:, 0], W * Y[:, 1], W * Y[:, 2]])
     ns = healpix_ring_nside(Y)
     if ns:
         adjoint, where = ducc0.sht.adjoint_synthesis, _healpix_geometry(ns)
     else:
         adjoint, where = ducc0.sht.adjoint_synthesis_general, {"loc": _loc(Y), "epsilon": EPS_SHT}
-    return [adjoint(map=m[None, :], spin=0, lmax=Lmax, nthreads=nthreads, **where)[0] for m in maps]
+    return adjoint(map=np.ascontiguousarray(W, dtype=float)[None, :], spin=0, lmax=Lmax, nthreads=nthreads,
+                   **where)[0]
 
 
 @functools.lru_cache(maxsize=4)
@@ -392,36 +429,118 @@ def _legendre_grid(L):
     return P, 1.0 / (1.0 - np.pi * L / (2.0 * m))
 
 
+def _kernel_columns(ks, L):
+    """Extended-precision Legendre coefficients (L + 1, n) of the kernels exp(k (t - 1)) (A) and
+    t exp(k (t - 1)) (B, from A by t P_l = ((l + 1) P_l+1 + l P_l-1) / (2l + 1)), and per column the bounds
+    sum_l>L A_l (= 1 - sum_l<=L A_l: the kernel is 1 at t = 1), sum_l>L |B_l| <= A_L + that, and
+    sum_l>L l A_l <= 2 / (L + 2) (k - sum_l<=L l (l + 1) / 2 A_l) (the kernel's slope at t = 1 is k,
+    P_l'(1) = l (l + 1) / 2)."""
+    ld = np.longdouble
+    Af = _bessel_columns(ks, L + 1)
+    A = Af[:L + 1]
+    l = np.arange(L + 1, dtype=ld)[:, None]
+    B = (l + 1) / (2 * l + 3) * Af[1:L + 2]
+    B[1:] += (l[1:] / (2 * l[1:] - 1)) * Af[:L]
+    tail = np.maximum(1.0 - A.sum(axis=0), 0.0)
+    dtail = 2.0 / (L + 2) * np.maximum(np.asarray(ks, dtype=ld) - (l * (l + 1) / 2 * A).sum(axis=0), 0.0)
+    # (extended rounding of these differences: ~1e-19 (1 + k), covered by the margins below)
+    tail = tail + ld(1e-18)
+    dtail = dtail + ld(1e-18) * (1 + np.asarray(ks, dtype=ld))
+    return A, B, tail, A[L] + tail, dtail
+
+
+def _compress(C, target, L, rmin=1):
+    """An orthonormal basis Psi (L + 1, r) float64 of the columns C (extended precision) and their
+    coefficients beta = Psi^T C (extended precision, rounded once), with the least r whose residual
+    sup (:func:`_residual_sup`) is <= target: leading left singular vectors (float64 SVD), orthonormalised
+    in extended precision, then pivoted Gram-Schmidt on the extended-precision residual (the float64 SVD
+    alone leaves ~eps ||C||_2, its backward error: 2e-15 at kappa ~10). At most 6 vectors beyond the count
+    of singular values above the target are tried (None beyond: a target at the float64 floor, ~eps/2).
+    Returns (Psi, beta, R) with R the exact residual C - Psi beta of the float64 Psi and beta."""
+    Psi, sv, _ = np.linalg.svd(C.astype(float), full_matrices=False)
+    r0 = max(rmin, int(np.searchsorted(-sv, -target)) - 1)
+    rmax = min(L + 1, C.shape[1], r0 + 7)
+    r0 = min(r0, rmax)
+    Q = np.zeros((L + 1, 0), dtype=np.longdouble)
+    R = C.copy()
+
+    def add(q):
+        nonlocal Q, R
+        for _ in range(2):
+            q = q - Q @ (Q.T @ q)
+            q = q / np.sqrt(q @ q)
+        Q = np.concatenate([Q, q[:, None]], axis=1)
+        R = R - np.outer(q, q @ R)
+
+    for k in range(r0):
+        add(Psi[:, k].astype(np.longdouble))
+    while True:
+        if Q.shape[1] >= rmax or _residual_sup(R, L, target) <= target:
+            Pr = Q.astype(float)
+            Pl = Pr.astype(np.longdouble)
+            beta = (Pl.T @ C).astype(float)
+            Rf = C - Pl @ beta.astype(np.longdouble)
+            if _residual_sup(Rf, L, target) <= target:
+                return Pr, beta, Rf
+            if Q.shape[1] >= rmax:
+                return None
+        nr = (R * R).sum(axis=0)
+        add(R[:, int(np.argmax(nr))].copy())
+
+
+def _residual_sup(R, L, target=None):
+    """An upper bound of max over the columns of sup_t |sum_l R_l P_l(t)|, exact enough where it matters:
+    a column whose l1 norm (>= its sup) is below the target is not evaluated; if a column's L2 norm on
+    [-1, 1] over sqrt 2 (<= its sup) is above it, that lower bound is returned (it fails either way); the
+    rest on the grid of :func:`_legendre_grid` (+ the rounding of that float64 evaluation)."""
+    Rf = R.astype(float)
+    l1 = np.abs(Rf).sum(axis=0)
+    if target is None:  # the tightest: every column on the grid
+        target = 0.0
+    lo = np.sqrt((Rf ** 2 / (2.0 * np.arange(L + 1) + 1.0)[:, None]).sum(axis=0))
+    if target > 0.0 and lo.max() > target:
+        return float(lo.max())
+    todo = l1 > target
+    if not todo.any():
+        return float(l1.max())
+    P, c = _legendre_grid(L)
+    grid = c * np.abs(P @ Rf[:, todo]).max(axis=0) + 4.0 * (L + 2) * EPS * l1[todo]
+    return float(max(grid.max(), l1[~todo].max() if (~todo).any() else 0.0))
+
+
 @functools.lru_cache(maxsize=64)
 def _bin_basis(a, b, L, goal):
     """Basis maps of a bin [a, b] (degree L) meeting the kernel goal, or None.
 
-    kappa -> A(kappa) (:func:`_bessel_columns`) is interpolated on S equal sub-intervals of [a, b] at
-    degree p (P_SUB; p = 0, S = 1 when the bin has rounding width) at the Chebyshev nodes kappa_j of each,
-    and the (L + 1) x S (p + 1) matrix of node columns is compressed: A(kappa_j) ~ Psi beta_j with Psi
-    (L + 1, r) orthonormal: its leading left singular vectors (float64 SVD), orthonormalised in extended
-    precision, then pivoted Gram-Schmidt on the extended-precision residual (the float64 SVD alone
-    leaves ~eps ||A||_2, its backward error: 2e-15 at kappa ~10); beta_j = Psi^T A(kappa_j) in extended
-    precision, rounded once. A target's kernel is then sum_k alpha_k(kappa) psi_k with alpha(kappa) =
-    sum_j l_j(kappa) beta_j: r synthesised maps per sum, where Chebyshev interpolation over the whole bin
-    needs n + 1 (~ r + 1 to r + 2 at the benchmark's goal). For every kappa in the bin and t in [-1, 1]:
+    Three kernels per target: D's exp(kappa (t - 1)), the numerator's component along the kernel centre
+    t exp(kappa (t - 1)) (its Legendre coefficients B from A, :func:`_kernel_columns`), and the tangential
+    numerator as the surface gradient of D over kappa (spin-1 syntheses). Their coefficient vectors,
+    as functions of kappa, are interpolated on S equal sub-intervals of [a, b] at degree p (P_SUB; p = 0,
+    S = 1 when the bin has rounding width) at the Chebyshev nodes kappa_j of each, and the node columns
+    are compressed (:func:`_compress`): a joint basis Psi of the A and B columns (the spin-0 maps: D and
+    N.u take different coefficients of the same maps) and a basis Phi of the A columns (the gradient
+    maps). A target's coefficients are alpha(kappa) = sum_j l_j(kappa) beta_j: r_J spin-0 and r_G spin-1
+    maps per bin, where the four Cartesian sums needed 4 (n + 1) spin-0 maps with Chebyshev interpolation
+    over the bin. For every kappa in the bin and t in [-1, 1]:
 
-        |exp(kappa (t - 1)) - sum_l (Psi alpha(kappa))_l P_l(t)|
-            <= ib + lam (tail + res)   (the returned kernel bound)
+        |exp(kappa (t - 1)) - sum_l (Psi alpha_D(kappa))_l P_l(t)|   <= ib + lam (tail + res_D)   (bound_D)
+        |t exp(kappa (t - 1)) - sum_l (Psi alpha_N(kappa))_l P_l(t)| <= ib + lam (tailB + res_N) (bound_N)
+        sqrt(1 - t^2) |d/dt [exp(kappa (t - 1)) - sum_l (Phi alpha_G(kappa))_l P_l(t)]|
+            <= L (ib + lam (tail + res_G) + tail) + dtail                                  (bound_G)
 
-    with ib = :func:`interp_bound` of a sub-interval (the first: the bound grows as the centre falls),
-    lam the Lebesgue constant of p, tail the truncation tail at the largest node (tails grow with kappa)
-    and res the largest sup over t of the node residuals A(kappa_j) - Psi beta_j: computed in extended
-    precision with the float64 Psi and beta that are used, as polynomials in t on a grid
-    (:func:`_legendre_grid`). S makes ib <= goal / 30; r is the least rank with the bound <= (1 + lam)
-    goal: the budget of Chebyshev interpolation over the bin (interpolation <= goal, tail <= goal times
-    its Lebesgue constant), so the truncation's slack below goal goes to the residual. The float64 basis
-    and coefficients leave a floor of ~eps/2 in res; at most 6 vectors beyond the count of singular
-    values above the target are tried (None beyond: a goal at that floor).
+    with ib = :func:`interp_bound` of a sub-interval (the first: the bound grows as the centre falls; it
+    also holds for t exp(-kappa s), |t| <= 1), lam the Lebesgue constant of p, the tails the largest over
+    the nodes (they grow with kappa), res the largest sup over t of the node residuals after the
+    compression: computed in extended precision with the float64 basis and coefficients that are used,
+    as polynomials in t on a grid (:func:`_legendre_grid`). bound_G: Bernstein's inequality for the
+    degree-L polynomial part, sum_l>L l A_l for the tail. S makes ib <= goal / 30; the ranks are the least
+    with bound_D, bound_N <= (1 + lam) goal (the budget of Chebyshev interpolation over the bin: the
+    truncation's slack below goal goes to the residual), and res_G <= res target of D.
 
-    Returns (phi, edges, kn, bw, beta, bound, lam, p): phi (L + 1, r) the basis as Funk-Hecke factors
-    (4 pi / (2l + 1) Psi, so that a map is sum_lm phi_lk a_lm Y_lm), edges (S + 1,), nodes kn (S, p + 1),
-    barycentric weights bw (p + 1,), beta (S, p + 1, r)."""
+    Returns (edges, kn, bw, p, phiJ, betaD, betaN, bound_D, bound_N, phiG, betaG, bound_G): edges (S + 1,),
+    nodes kn (S, p + 1), barycentric weights bw (p + 1,); phiJ (L + 1, r_J) and phiG (L + 1, r_G) the
+    bases as Funk-Hecke factors (4 pi / (2l + 1) Psi: a map is sum_lm phi_lk a_lm Y_lm), beta* (S, p + 1,
+    r) their coefficients at the nodes."""
     if b - a == 0.0 or interp_bound(a, b, 0) <= goal / 30.0:
         p, S, ib = 0, 1, interp_bound(a, b, 0)
     else:
@@ -435,92 +554,62 @@ def _bin_basis(a, b, L, goal):
     edges = a + (b - a) * np.arange(S + 1) / S
     edges[-1] = b
     kn = np.array([nodes(edges[q], edges[q + 1], p) for q in range(S)])
-    tail = sph_tail(float(kn.max()), L, max(30, int(kn.max()) + 30))
-    Ald = _bessel_columns(kn.ravel(), L)
-    P, c = _legendre_grid(L)
-    target = ((1.0 + lam) * goal - ib) / lam - tail
-    if target <= 0.0:
+    A, B, tails, tailsB, dtails = _kernel_columns(kn.ravel(), L)
+    tail, tailB, dtail = float(tails.max()), float(tailsB.max()), float(dtails.max())
+    tD = ((1.0 + lam) * goal - ib) / lam - tail
+    tN = ((1.0 + lam) * goal - ib) / lam - tailB
+    if min(tD, tN) <= 0.0:
         return None
-
-    wl2 = np.sqrt(1.0 / (2.0 * np.arange(L + 1) + 1.0))
-
-    def sup(R):
-        """An upper bound of max over columns of sup_t |sum_l R_l P_l(t)|, exact enough where it matters:
-        a column whose l1 norm (>= its sup) is below the target is not evaluated; one whose L2 norm on
-        [-1, 1] over sqrt 2 (<= its sup) is above it already fails; the rest on the grid (+ the rounding
-        of that float64 evaluation)."""
-        Rf = R.astype(float)
-        l1 = np.abs(Rf).sum(axis=0)
-        lo = np.sqrt(((Rf * wl2[:, None]) ** 2).sum(axis=0))  # ||sum_l R_l P_l||_L2 / sqrt 2
-        if lo.max() > target:
-            return float(lo.max())
-        todo = l1 > target
-        if not todo.any():
-            return float(l1.max())
-        grid = c * np.abs(P @ Rf[:, todo]).max(axis=0) + 4.0 * (L + 2) * EPS * l1[todo]
-        return float(max(grid.max(), l1[~todo].max() if (~todo).any() else 0.0))
-
-    # leading left singular vectors, then pivoted Gram-Schmidt on the residual until it meets the target
-    Psi, sv, _ = np.linalg.svd(Ald.astype(float), full_matrices=False)
-    r0 = max(1, int(np.searchsorted(-sv, -target)) - 1)
-    rmax = min(L + 1, kn.size, r0 + 7)
-    Q = np.zeros((L + 1, 0), dtype=np.longdouble)
-    R = Ald.copy()
-
-    def add(q):
-        nonlocal Q, R
-        for _ in range(2):
-            q = q - Q @ (Q.T @ q)
-            q = q / np.sqrt(q @ q)
-        Q = np.concatenate([Q, q[:, None]], axis=1)
-        R = R - np.outer(q, q @ R)
-
-    for k in range(r0):
-        add(Psi[:, k].astype(np.longdouble))
-    while True:
-        if Q.shape[1] >= rmax or sup(R) <= target:
-            # the float64 basis and coefficients that will be used, and their exact residual
-            Pr = Q.astype(float)
-            Pl = Pr.astype(np.longdouble)
-            beta = (Pl.T @ Ald).astype(float)  # the projection in extended precision, rounded once
-            res = sup(Ald - Pl @ beta.astype(np.longdouble))
-            if ib + lam * (tail + res) <= (1.0 + lam) * goal:
-                break
-            if Q.shape[1] >= rmax:
-                return None
-        nr = (R * R).sum(axis=0)
-        add(R[:, int(np.argmax(nr))].copy())
-    r = Pr.shape[1]
+    n = kn.size
+    joint = _compress(np.concatenate([A, B], axis=1), min(tD, tN), L, rmin=2 if n > 1 else 1)
+    grad = _compress(A, tD, L)
+    if joint is None or grad is None:
+        return None
+    PsiJ, betaJ, RJ = joint
+    PsiG, betaG, RG = grad
+    resD = _residual_sup(RJ[:, :n], L)
+    resN = _residual_sup(RJ[:, n:], L)
+    resG = _residual_sup(RG, L)
     bw = (-1.0) ** np.arange(p + 1)
     if p > 0:
         bw[0] *= 0.5
         bw[-1] *= 0.5
-    phi = Pr * (4.0 * np.pi / (2.0 * np.arange(L + 1) + 1.0))[:, None]
-    beta = np.ascontiguousarray(beta.T.reshape(S, p + 1, r))
-    return phi, edges, kn, bw, beta, ib + lam * (tail + res), lam, p
+    fh = (4.0 * np.pi / (2.0 * np.arange(L + 1) + 1.0))[:, None]
+    rJ, rG = PsiJ.shape[1], PsiG.shape[1]
+    return (edges, kn, bw, p,
+            PsiJ * fh, np.ascontiguousarray(betaJ[:, :n].T.reshape(S, p + 1, rJ)),
+            np.ascontiguousarray(betaJ[:, n:].T.reshape(S, p + 1, rJ)),
+            ib + lam * (tail + resD), ib + lam * (tailB + resN),
+            PsiG * fh, np.ascontiguousarray(betaG.T.reshape(S, p + 1, rG)),
+            L * (ib + lam * (tail + resG) + tail) + dtail)
 
 
-@functools.lru_cache(maxsize=2)  # 8 r nalm(Lmax) bytes per bin: 5 MB at nside 64, beta 100
+@functools.lru_cache(maxsize=2)  # 8 (r_J + r_G) nalm(Lmax) bytes per bin: 4 MB at nside 64, beta 100
 def _plan_data(bins):
     """What a plan's evaluations share: the a_lm layout of its top degree Lmax (l of each entry, the
-    Parseval multiplicity, mstart) and per basis map its Funk-Hecke factors expanded to that layout."""
+    Parseval multiplicity, mstart) and per bin the Funk-Hecke factors of its spin-0 maps and of its
+    spin-1 (gradient: times sqrt(l (l + 1))) maps, expanded to that layout."""
     Lmax = max(b[4] for b in bins)
     lidx = np.concatenate([np.arange(m, Lmax + 1) for m in range(Lmax + 1)])
     mult = np.where(np.concatenate([np.full(Lmax + 1 - m, m) for m in range(Lmax + 1)]) > 0, 2.0, 1.0)
     mstart = np.array([m * (2 * Lmax + 1 - m) // 2 for m in range(Lmax + 1)], dtype=np.uintp)
+    grad = np.sqrt(np.arange(Lmax + 1) * (np.arange(Lmax + 1) + 1.0))
     factors = []
     for (i0, i1, a, b, L, r, g) in bins:
-        phi = _bin_basis(a, b, L, g)[0]
-        full = np.zeros((Lmax + 1, r))
-        full[:L + 1] = phi
-        factors.append(np.ascontiguousarray(full[lidx].T))  # (r, nalm)
+        bb = _bin_basis(a, b, L, g)
+        full = np.zeros((Lmax + 1, bb[4].shape[1]))
+        full[:L + 1] = bb[4]
+        fullg = np.zeros((Lmax + 1, bb[9].shape[1]))
+        fullg[:L + 1] = bb[9]
+        factors.append((np.ascontiguousarray(full[lidx].T), np.ascontiguousarray((fullg * grad[:, None])[lidx].T)))
     return Lmax, lidx, mult, mstart, factors
 
 
 def _target_data(Us, ks, bins, cache):
-    """Per bin: (theta, phi) of the sorted kernel centres and their basis coefficients alpha, ab
-    (:func:`_coefficients`); reused from ``cache`` when Us, ks and the bins are those of the previous call
-    (compared exactly: a solver evaluates the field at the same points at every stage)."""
+    """Per bin: (theta, phi) of the sorted kernel centres, the unit vectors e_theta, e_phi there, and the
+    basis coefficients (alpha, ab) of D, N.u and the gradient (:func:`_coefficients`); reused from
+    ``cache`` when Us, ks and the bins are those of the previous call (compared exactly: a solver
+    evaluates the field at the same points at every stage)."""
     key = tuple(bins)
     hit = None if cache is None else cache.get("fh_targets")
     if (hit is not None and hit[0] == key and hit[1].shape == Us.shape and np.array_equal(hit[1], Us)
@@ -528,11 +617,19 @@ def _target_data(Us, ks, bins, cache):
         return hit[3]
     out = []
     for (i0, i1, a, b, L, r, g) in bins:
-        edges, kn, bw, beta = _bin_basis(a, b, L, g)[1:5]
-        alpha = np.empty((r, i1 - i0))
-        ab = np.empty((r, i1 - i0))
-        _coefficients(np.ascontiguousarray(ks[i0:i1]), edges, kn, bw, beta, alpha, ab)
-        out.append((_loc(Us[i0:i1]), alpha, ab))
+        edges, kn, bw, p, phiJ, betaD, betaN, bD, bN, phiG, betaG, bG = _bin_basis(a, b, L, g)
+        kb = np.ascontiguousarray(ks[i0:i1])
+        coef = []
+        for beta in (betaD, betaN, betaG):
+            alpha = np.empty((beta.shape[2], i1 - i0))
+            ab = np.empty((beta.shape[2], i1 - i0))
+            _coefficients(kb, edges, kn, bw, beta, alpha, ab)
+            coef += [alpha, ab]
+        loc = _loc(Us[i0:i1])
+        ct, st, cp, sp = np.cos(loc[:, 0]), np.sin(loc[:, 0]), np.cos(loc[:, 1]), np.sin(loc[:, 1])
+        eth = np.stack([ct * cp, ct * sp, -st], axis=1)
+        eph = np.stack([-sp, cp, np.zeros_like(sp)], axis=1)
+        out.append((loc, eth, eph, coef))
     if cache is not None:
         cache["fh_targets"] = (key, Us.copy(), ks.copy(), out)
     return out
@@ -560,43 +657,47 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads, cache=None):
     M = U.shape[0]
     Lmax, lidx, mult, mstart, factors = _plan_data(tuple(bins))
     alm = _source_moments(Y, W, Lmax, nthreads)
-    # |a_lm|^2 weighted as in Parseval for a real map (m > 0 counted twice), per l, per map
-    pw = np.stack([np.bincount(lidx, weights=mult * (a.real ** 2 + a.imag ** 2), minlength=Lmax + 1)
-                   for a in alm])
+    # |a_lm|^2 weighted as in Parseval for a real map (m > 0 counted twice), per l
+    pw = np.bincount(lidx, weights=mult * (alm.real ** 2 + alm.imag ** 2), minlength=Lmax + 1)
+    ll1 = np.arange(Lmax + 1) * (np.arange(Lmax + 1) + 1.0)
     w1 = float(W.sum())
     Us = U[order]
     ks = kappa[order]
     Fs = np.empty((M, 4))
     ds = np.empty(M)
     targets = _target_data(Us, ks, bins, cache)
-    # every basis map of every bin: its syntheses (pooled), and the rms of its maps for the transform error
-    jobs = [(bi, k, q, b[4]) for bi, b in enumerate(bins) for k in range(b[5]) for q in range(4)]
-    info = []  # per bin: (loc, alpha (r, m), ab (r, m), transform-error bound (m,))
-    for bi, (i0, i1, a, b, L, r, g) in enumerate(bins):
-        phi = _bin_basis(a, b, L, g)[0]
-        rms = np.sqrt(np.max(pw[:, :L + 1] @ phi ** 2, axis=0) / (4.0 * np.pi))
-        loc, alpha, ab = targets[bi]
-        info.append((loc, alpha, ab, NUFFT_SAFETY * EPS_SHT * (rms @ ab)))
+    # every basis map of every bin: (spin, bin, basis index, degree); spin-1 (the costlier) first
+    jobs = [(1, bi, k, b[4]) for bi, b in enumerate(bins) for k in range(b[5][1])]
+    jobs += [(0, bi, k, b[4]) for bi, b in enumerate(bins) for k in range(b[5][0])]
     # each worker synthesises basis maps into its own buffer and adds them, weighted, into its own sums
-    # (per bin: 4 sums and their 4 rounding sums): no r x 4 x m array of basis-map values
+    # (per bin: D, N.u, the two gradient components and three rounding sums): no r x m array of map values
     mmax = max(b[1] - b[0] for b in bins)
     workspace = {}
     lock = threading.Lock()
 
     def synth(job):
-        bi, k, q, L = job
-        a_lm = alm[q] * factors[bi][k]  # in the worker
+        spin, bi, k, L = job
         tid = threading.get_ident()
         ws = workspace.get(tid)
         if ws is None:
-            ws = (np.empty((1, mmax)), [np.zeros((8, b[1] - b[0])) for b in bins])
+            ws = (np.empty((2, mmax)), [np.zeros((7, b[1] - b[0])) for b in bins])
             with lock:
                 workspace[tid] = ws
         m = bins[bi][1] - bins[bi][0]
-        buf = ws[0][:, :m]
-        ducc0.sht.synthesis_general(alm=a_lm[None, :], spin=0, lmax=L, mstart=mstart[:L + 1], loc=info[bi][0],
+        coef = targets[bi][3]
+        if spin == 0:
+            a_lm = (alm * factors[bi][0][k])[None, :]  # in the worker
+            buf = ws[0][:1, :m]
+        else:
+            a_lm = np.zeros((2, alm.shape[0]), dtype=alm.dtype)
+            a_lm[0] = alm * factors[bi][1][k]  # E = sqrt(l (l + 1)) a_lm, B = 0: the gradient
+            buf = ws[0][:, :m]
+        ducc0.sht.synthesis_general(alm=a_lm, spin=spin, lmax=L, mstart=mstart[:L + 1], loc=targets[bi][0],
                                     epsilon=EPS_SHT, nthreads=1, map=buf)
-        _accumulate(info[bi][1][k], info[bi][2][k], buf[0], ws[1][bi], q)
+        if spin == 0:
+            _accumulate0(coef[0][k], coef[1][k], coef[2][k], coef[3][k], buf[0], ws[1][bi])
+        else:
+            _accumulate1(coef[4][k], coef[5][k], buf, ws[1][bi])
 
     if nthreads > 1 and len(jobs) > 1:
         with ThreadPoolExecutor(max_workers=nthreads) as pool:
@@ -606,15 +707,32 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads, cache=None):
             synth(job)
     parts = list(workspace.values())
     for bi, (i0, i1, a, b, L, r, g) in enumerate(bins):
-        bound, lam, p = _bin_basis(a, b, L, g)[5:]
+        edges, kn, bw, p, phiJ, betaD, betaN, bD, bN, phiG, betaG, bG = _bin_basis(a, b, L, g)
+        loc, eth, eph, coef = targets[bi]
         acc = parts[0][1][bi].copy()
         for ws in parts[1:]:
             acc += ws[1][bi]
-        Fs[i0:i1] = acc[:4].T
-        # rounding: the r products and their sum, the coefficients alpha (the Lagrange weights and the p + 1
-        # products), the sum over the workers; sum_k ab_k |G^q_k| bounds sum_k |alpha_k| |G^q_k| for each q
-        rnd = 4.0 * (r + 2 * p + 10) * EPS * acc[4:].max(axis=0)
-        ds[i0:i1] = w1 * bound + info[bi][3] + rnd
+        kinv = 1.0 / ks[i0:i1]
+        gth = acc[2] * kinv
+        gph = acc[3] * kinv
+        Fs[i0:i1, 0] = acc[0]
+        # numerator: its component along u (kernel t exp(kappa (t - 1))) and its tangential part, the
+        # surface gradient of D over kappa
+        Fs[i0:i1, 1:] = acc[1][:, None] * Us[i0:i1] + gth[:, None] * eth + gph[:, None] * eph
+        # transform error (model): each map's rms (Parseval; spin-1: sqrt(l (l + 1)) weighted) times the
+        # sum over the maps of ab
+        rms0 = np.sqrt(pw[:L + 1] @ phiJ ** 2 / (4.0 * np.pi))
+        rms1 = np.sqrt((pw[:L + 1] * ll1[:L + 1]) @ phiG ** 2 / (4.0 * np.pi))
+        tr = NUFFT_SAFETY * EPS_SHT
+        # rounding: the r products and their sum, the coefficients (the Lagrange weights and the p + 1
+        # products), the sum over the workers; ab_k >= |alpha_k|
+        rJ, rG = phiJ.shape[1], phiG.shape[1]
+        dD = w1 * bD + tr * (rms0 @ coef[1]) + 4.0 * (rJ + 2 * p + 10) * EPS * acc[4]
+        dN = w1 * bN + tr * (rms0 @ coef[3]) + 4.0 * (rJ + 2 * p + 10) * EPS * acc[5]
+        dG = kinv * (w1 * bG + tr * (rms1 @ coef[5]) + 4.0 * (rG + 2 * p + 10) * EPS * acc[6])
+        # the assembly (3 products and 2 sums per component, |u|, |e| <= 1 + 2 eps)
+        dA = 8.0 * EPS * (np.abs(acc[1]) + np.abs(gth) + np.abs(gph))
+        ds[i0:i1] = np.maximum(dD, dN + dG + dA)
     F = np.empty((M, 4))
     delta = np.empty(M)
     F[order] = Fs
