@@ -34,8 +34,9 @@ SPECTRAL_LMAX = 160
 SPECTRAL_AUTO_LMAX = 64
 #: Below this many kernel pairs (targets x sources) the fast-transform path is not worth its setup.
 FAST_SPECTRAL_MIN_WORK = 4e6
-#: Up to this degree the in-house series is as fast as the transforms (and meets tol = 1e-12): it is
-#: kept there even where the fast path is allowed.
+#: Up to this degree the in-house series (which meets tol = 1e-12, with a ~1e3 tighter rounding model) is
+#: kept even where the fast path is allowed: at nside 64, L 13..34 (beta 1..10) the fast path is only
+#: 0-25% faster (0.067 vs 0.068 s, 0.100 vs 0.133 s).
 SPECTRAL_INHOUSE_LMAX = 40
 #: Largest degree of the fast-transform (ducc0) spectral path.
 SPECTRAL_LMAX_FAST = 400
