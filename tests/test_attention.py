@@ -464,7 +464,7 @@ def test_basis_maps_transform_error_within_model():
         w = density(kind, y, rng) * 4 * np.pi / len(y)
         alm = fh._source_moments(y, w, L, 1)
         worst = [0.0, 0.0]
-        for spin, phi in ((0, bb[4]), (1, bb[9])):
+        for spin, phi in ((0, bb.phiJ), (1, bb.phiG)):
             for k in range(phi.shape[1]):
                 a_lm = alm * phi[lidx, k] * (grad if spin else 1.0)
                 A = np.stack([a_lm, 0 * a_lm]) if spin else a_lm[None]

@@ -68,6 +68,7 @@ import functools
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -79,7 +80,8 @@ try:  # optional at import time; pyproject lists it as a dependency
 except ImportError:  # pragma: no cover
     ducc0 = None
 
-__all__ = ["available", "healpix_ring_nside", "interp_bound", "plan", "spectral_sums", "EPS_SHT", "NUFFT_SAFETY"]
+__all__ = ["available", "healpix_ring_nside", "interp_bound", "plan", "spectral_sums", "EPS_SHT",
+           "NUFFT_SAFETY"]
 
 #: Accuracy asked of ducc0's transforms (its floor for float64 is 2e-13).
 EPS_SHT = 3e-13
@@ -209,8 +211,8 @@ def plan(kappa_sorted: np.ndarray, goal: float, lmax_cap: int, cost_cap: float =
 
     Every split is first costed with the ranks estimated from the Chebyshev degree n over each bin
     (n spin-0 and n - 1 spin-1 maps at the benchmark's goal); the bases are built (and cached) for the
-    three cheapest only, and the cheapest by their true ranks is returned. Splits estimated above 1.5 ``cost_cap`` are not
-    built: (inf, None) if that leaves none (the caller has a cheaper method)."""
+    three cheapest only, and the cheapest by their true ranks is returned. Splits estimated above
+    1.5 ``cost_cap`` are not built: (inf, None) if that leaves none (the caller has a cheaper method)."""
     M = kappa_sorted.shape[0]
     kmin, kmax = float(kappa_sorted[0]), float(kappa_sorted[-1])
     if _bin_degree(kmax, goal / 3.0, lmax_cap) > lmax_cap:  # the top bin's degree, whatever the split
@@ -249,7 +251,7 @@ def plan(kappa_sorted: np.ndarray, goal: float, lmax_cap: int, cost_cap: float =
             basis = _bin_basis(a, b, L, goal / 3.0)
             if basis is None:
                 break
-            r = (basis[4].shape[1], basis[9].shape[1])
+            r = (basis.phiJ.shape[1], basis.phiG.shape[1])
             final.append((i0, i1, a, b, L, r, goal / 3.0))
             cost += _call_cost(r[0], r[1], L, i1 - i0)
         else:
@@ -508,6 +510,23 @@ def _residual_sup(R, L, target=None):
     return float(max(grid.max(), l1[~todo].max() if (~todo).any() else 0.0))
 
 
+class _Basis(NamedTuple):
+    """A bin's bases (:func:`_bin_basis`)."""
+
+    edges: np.ndarray  # (S + 1,) sub-interval edges
+    kn: np.ndarray  # (S, p + 1) Chebyshev nodes of the sub-intervals
+    bw: np.ndarray  # (p + 1,) barycentric weights
+    p: int
+    phiJ: np.ndarray  # (L + 1, r_J) joint spin-0 basis (D, N.u) as Funk-Hecke factors
+    betaD: np.ndarray  # (S, p + 1, r_J) D's coefficients at the nodes
+    betaN: np.ndarray  # (S, p + 1, r_J) N.u's
+    bound_D: float
+    bound_N: float
+    phiG: np.ndarray  # (L + 1, r_G) the gradient's spin-1 basis
+    betaG: np.ndarray  # (S, p + 1, r_G)
+    bound_G: float
+
+
 @functools.lru_cache(maxsize=64)
 def _bin_basis(a, b, L, goal):
     """Basis maps of a bin [a, b] (degree L) meeting the kernel goal, or None.
@@ -537,10 +556,9 @@ def _bin_basis(a, b, L, goal):
     with bound_D, bound_N <= (1 + lam) goal (the budget of Chebyshev interpolation over the bin: the
     truncation's slack below goal goes to the residual), and res_G <= res target of D.
 
-    Returns (edges, kn, bw, p, phiJ, betaD, betaN, bound_D, bound_N, phiG, betaG, bound_G): edges (S + 1,),
-    nodes kn (S, p + 1), barycentric weights bw (p + 1,); phiJ (L + 1, r_J) and phiG (L + 1, r_G) the
-    bases as Funk-Hecke factors (4 pi / (2l + 1) Psi: a map is sum_lm phi_lk a_lm Y_lm), beta* (S, p + 1,
-    r) their coefficients at the nodes."""
+    Returns a :class:`_Basis`: the sub-intervals and their nodes, phiJ and phiG the bases as Funk-Hecke
+    factors (4 pi / (2l + 1) Psi: a map is sum_lm phi_lk a_lm Y_lm), beta* their coefficients at the
+    nodes, and the three bounds."""
     if b - a == 0.0 or interp_bound(a, b, 0) <= goal / 30.0:
         p, S, ib = 0, 1, interp_bound(a, b, 0)
     else:
@@ -576,12 +594,12 @@ def _bin_basis(a, b, L, goal):
         bw[-1] *= 0.5
     fh = (4.0 * np.pi / (2.0 * np.arange(L + 1) + 1.0))[:, None]
     rJ, rG = PsiJ.shape[1], PsiG.shape[1]
-    return (edges, kn, bw, p,
-            PsiJ * fh, np.ascontiguousarray(betaJ[:, :n].T.reshape(S, p + 1, rJ)),
-            np.ascontiguousarray(betaJ[:, n:].T.reshape(S, p + 1, rJ)),
-            ib + lam * (tail + resD), ib + lam * (tailB + resN),
-            PsiG * fh, np.ascontiguousarray(betaG.T.reshape(S, p + 1, rG)),
-            L * (ib + lam * (tail + resG) + tail) + dtail)
+    return _Basis(edges, kn, bw, p,
+                  PsiJ * fh, np.ascontiguousarray(betaJ[:, :n].T.reshape(S, p + 1, rJ)),
+                  np.ascontiguousarray(betaJ[:, n:].T.reshape(S, p + 1, rJ)),
+                  ib + lam * (tail + resD), ib + lam * (tailB + resN),
+                  PsiG * fh, np.ascontiguousarray(betaG.T.reshape(S, p + 1, rG)),
+                  L * (ib + lam * (tail + resG) + tail) + dtail)
 
 
 @functools.lru_cache(maxsize=2)  # 8 (r_J + r_G) nalm(Lmax) bytes per bin: 4 MB at nside 64, beta 100
@@ -596,12 +614,12 @@ def _plan_data(bins):
     grad = np.sqrt(np.arange(Lmax + 1) * (np.arange(Lmax + 1) + 1.0))
     factors = []
     for (i0, i1, a, b, L, r, g) in bins:
-        bb = _bin_basis(a, b, L, g)
-        full = np.zeros((Lmax + 1, bb[4].shape[1]))
-        full[:L + 1] = bb[4]
-        fullg = np.zeros((Lmax + 1, bb[9].shape[1]))
-        fullg[:L + 1] = bb[9]
-        factors.append((np.ascontiguousarray(full[lidx].T), np.ascontiguousarray((fullg * grad[:, None])[lidx].T)))
+        basis = _bin_basis(a, b, L, g)
+        full = np.zeros((Lmax + 1, r[0]))
+        full[:L + 1] = basis.phiJ
+        fullg = np.zeros((Lmax + 1, r[1]))
+        fullg[:L + 1] = basis.phiG * grad[:L + 1, None]
+        factors.append((np.ascontiguousarray(full[lidx].T), np.ascontiguousarray(fullg[lidx].T)))
     return Lmax, lidx, mult, mstart, factors
 
 
@@ -617,13 +635,13 @@ def _target_data(Us, ks, bins, cache):
         return hit[3]
     out = []
     for (i0, i1, a, b, L, r, g) in bins:
-        edges, kn, bw, p, phiJ, betaD, betaN, bD, bN, phiG, betaG, bG = _bin_basis(a, b, L, g)
+        basis = _bin_basis(a, b, L, g)
         kb = np.ascontiguousarray(ks[i0:i1])
-        coef = []
-        for beta in (betaD, betaN, betaG):
+        coef = []  # alpha_D, ab_D, alpha_N, ab_N, alpha_G, ab_G
+        for beta in (basis.betaD, basis.betaN, basis.betaG):
             alpha = np.empty((beta.shape[2], i1 - i0))
             ab = np.empty((beta.shape[2], i1 - i0))
-            _coefficients(kb, edges, kn, bw, beta, alpha, ab)
+            _coefficients(kb, basis.edges, basis.kn, basis.bw, beta, alpha, ab)
             coef += [alpha, ab]
         loc = _loc(Us[i0:i1])
         ct, st, cp, sp = np.cos(loc[:, 0]), np.sin(loc[:, 0]), np.cos(loc[:, 1]), np.sin(loc[:, 1])
@@ -647,7 +665,7 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads, cache=None):
     bins : list from :func:`plan` (index ranges into the sorted targets)
     order : (M,) the sorting permutation of kappa
     nthreads : int
-        Threads. The 4 r basis-map syntheses of a plan are independent and each is small (ducc0 gains
+        Threads. The r_J + r_G basis-map syntheses of a bin are independent and each is small (ducc0 gains
         little from a second thread inside one call at L ~ 100): with nthreads > 1 they run side by side,
         one thread each, in a pool of nthreads workers (ducc0 releases the GIL).
     cache : dict, optional
@@ -707,7 +725,7 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads, cache=None):
             synth(job)
     parts = list(workspace.values())
     for bi, (i0, i1, a, b, L, r, g) in enumerate(bins):
-        edges, kn, bw, p, phiJ, betaD, betaN, bD, bN, phiG, betaG, bG = _bin_basis(a, b, L, g)
+        basis = _bin_basis(a, b, L, g)
         loc, eth, eph, coef = targets[bi]
         acc = parts[0][1][bi].copy()
         for ws in parts[1:]:
@@ -721,15 +739,15 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads, cache=None):
         Fs[i0:i1, 1:] = acc[1][:, None] * Us[i0:i1] + gth[:, None] * eth + gph[:, None] * eph
         # transform error (model): each map's rms (Parseval; spin-1: sqrt(l (l + 1)) weighted) times the
         # sum over the maps of ab
-        rms0 = np.sqrt(pw[:L + 1] @ phiJ ** 2 / (4.0 * np.pi))
-        rms1 = np.sqrt((pw[:L + 1] * ll1[:L + 1]) @ phiG ** 2 / (4.0 * np.pi))
+        rms0 = np.sqrt(pw[:L + 1] @ basis.phiJ ** 2 / (4.0 * np.pi))
+        rms1 = np.sqrt((pw[:L + 1] * ll1[:L + 1]) @ basis.phiG ** 2 / (4.0 * np.pi))
         tr = NUFFT_SAFETY * EPS_SHT
         # rounding: the r products and their sum, the coefficients (the Lagrange weights and the p + 1
         # products), the sum over the workers; ab_k >= |alpha_k|
-        rJ, rG = phiJ.shape[1], phiG.shape[1]
-        dD = w1 * bD + tr * (rms0 @ coef[1]) + 4.0 * (rJ + 2 * p + 10) * EPS * acc[4]
-        dN = w1 * bN + tr * (rms0 @ coef[3]) + 4.0 * (rJ + 2 * p + 10) * EPS * acc[5]
-        dG = kinv * (w1 * bG + tr * (rms1 @ coef[5]) + 4.0 * (rG + 2 * p + 10) * EPS * acc[6])
+        (rJ, rG), p = r, basis.p
+        dD = w1 * basis.bound_D + tr * (rms0 @ coef[1]) + 4.0 * (rJ + 2 * p + 10) * EPS * acc[4]
+        dN = w1 * basis.bound_N + tr * (rms0 @ coef[3]) + 4.0 * (rJ + 2 * p + 10) * EPS * acc[5]
+        dG = kinv * (w1 * basis.bound_G + tr * (rms1 @ coef[5]) + 4.0 * (rG + 2 * p + 10) * EPS * acc[6])
         # the assembly (3 products and 2 sums per component, |u|, |e| <= 1 + 2 eps)
         dA = 8.0 * EPS * (np.abs(acc[1]) + np.abs(gth) + np.abs(gph))
         ds[i0:i1] = np.maximum(dD, dN + dG + dA)
