@@ -49,7 +49,7 @@ def twin_gradient(g, f, mom, dt, limit):
         for k in range(fc.shape[1]):
             if gq[i, k] < 0 and q[i, k] * f[i] + gq[i, k] < 0:
                 theta[i] = min(theta[i], (1 - fv.OUTFLOW_MARGIN) * q[i, k] * f[i] / -gq[i, k])
-        cap = (1 - fv.OUTFLOW_MARGIN) * f[i] * g.areas[i] / dt
+        cap = min((1 - fv.OUTFLOW_MARGIN) * g.areas[i] / dt, fv.OUTFLOW_RATIO * q[i].sum()) * f[i]
         s0, s1 = q[i].sum() * f[i], gq[i].sum()  # the kernel reads q, Q from side_moments
         if s1 > 0 and s0 + theta[i] * s1 > cap:
             theta[i] = min(theta[i], max(cap - s0, 0) / s1)

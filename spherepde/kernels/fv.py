@@ -12,9 +12,19 @@ lets a steady field's moments be computed once.
 
 Positivity limiter (a Zhang-Shu-type scaling g_c <- theta_c g_c, theta in [0, 1], per cell): the outflow
 of cell c through each of its faces, q f_c + theta g_c . Q, must be >= 0 (so every inflow is >= 0), and
-the total outflow over the stage must not exceed the cell's content f_c |C| / dt. Then one forward-Euler
-stage keeps every cell average >= 0, and SSP Runge-Kutta steps (convex combinations of such stages)
-keep it too. On resolved positive solutions theta = 1 and the scheme is second order.
+the total outflow must not exceed OUTFLOW_RATIO (2) times the upwind outflow of the mean, q_tot f_c (the
+mean upwind value over the outflow is at most twice the cell mean), nor the cell's content over the
+stage, f_c |C| / dt. Then one forward-Euler stage keeps every cell average >= 0, and SSP Runge-Kutta
+steps (convex combinations of such stages) keep it too. On resolved positive solutions theta = 1 and
+the scheme is second order.
+
+Why two bounds: the second alone makes the flux of a nearly empty cell next to a dense one depend on
+dt (as dt -> 0 the cap recedes and the cell's outflow, up to 2e7 times its content per unit time on the
+paper's run at beta 100, empties it in a fraction of a step), so the semi-discrete right-hand side is
+not a function of the state alone, and an embedded error estimate cannot converge (issue #15: steps
+down to 1e-10). The first bound does not depend on dt; for outflow Courant numbers <= 1 / OUTFLOW_RATIO
+(the default CFL 0.4 included) it implies the second, so the right-hand side is the same for every
+step size. The second stays for larger CFL numbers (positivity for any CFL <= 1).
 
 The per-cell kernels store gradients and the cell-major moments Q in each cell's tangent frame
 (``Grid.tangent_basis``, d - 1 components): g . Q is the same number in any frame, and d - 1 numbers per
@@ -44,6 +54,8 @@ __all__ = [
 #: Relative safety margin on the limiter's bounds (each face outflow >= margin * q f, total outflow
 #: <= (1 - margin) f |C| / dt), so that rounding (1e-16 relative) never produces a negative average.
 OUTFLOW_MARGIN = 1e-12
+#: The step-independent total-outflow bound of the positivity limiter: outflow <= OUTFLOW_RATIO q_tot f.
+OUTFLOW_RATIO = 2.0
 
 
 #: Largest ambient dimension the kernels support (scalar accumulators; S^1, S^2, S^3).
@@ -213,7 +225,7 @@ def _side_dot(i, k, side, g0, g1, g2, DL):
 @njit(inline="always")
 def _positivity_theta(i, fi, g0, g1, g2, side, capf, K, DL):
     """The positivity scaling theta in [0, 1] of cell i's gradient (see the module docstring);
-    ``capf`` = (1 - OUTFLOW_MARGIN) |C_i| / dt, so the total-outflow cap is capf * fi."""
+    ``capf`` = (1 - OUTFLOW_MARGIN) |C_i| / dt; the total-outflow cap is min(capf, OUTFLOW_RATIO sum q) fi."""
     if fi <= 0.0:
         return 0.0
     theta = 1.0
@@ -229,8 +241,8 @@ def _positivity_theta(i, fi, g0, g1, g2, side, capf, K, DL):
             theta = min(theta, (1.0 - OUTFLOW_MARGIN) * q * fi / (-gq))
         s0 += q
         s1 += gq
+    cap = min(capf, OUTFLOW_RATIO * s0) * fi  # s0 is sum q here: the step-independent bound first
     s0 *= fi
-    cap = capf * fi
     if s0 + theta * s1 > cap and s1 > 0.0:  # the rare condition first (s1 > 0 is a coin flip)
         theta = min(theta, max(cap - s0, 0.0) / s1)
     return theta
