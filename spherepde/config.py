@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -439,12 +439,17 @@ class TimeConfig:
 
 @dataclass(frozen=True)
 class SchemeConfig:
-    """``[scheme]``: the numerical options, mapped one to one to :class:`spherepde.solver.Options`."""
+    """``[scheme]``: the numerical options, one key per field of :class:`spherepde.solver.Options`
+    (same names, same defaults; ``max_dt`` may be ``inf``)."""
 
     scheme: str = "linear"
     limiter: str = "positivity"
-    stepper: str = "ssprk2"
+    stepper: str = "ssprk3"
     cfl: float = 0.4
+    error_control: bool = True
+    rtol: float = 1e-3
+    atol: float = 1e-12
+    max_dt: float = math.inf
     field_interval: int | None = None
     max_steps: int = 10**8
 
@@ -453,21 +458,28 @@ class SchemeConfig:
         from .solver import LIMITERS, SCHEMES, STEPPERS
 
         w = "scheme"
-        _check_keys(sec, ("scheme", "limiter", "stepper", "cfl", "field_interval", "max_steps"), w)
+        _check_keys(sec, tuple(f.name for f in fields(cls)), w)
+        max_dt = sec.get("max_dt", math.inf)
+        if max_dt != math.inf:
+            max_dt = _float(sec, "max_dt", w, lo=0.0, lo_open=True)
+        d = cls()
         return cls(
-            scheme=_str(sec, "scheme", w, SCHEMES, default="linear"),
-            limiter=_str(sec, "limiter", w, LIMITERS, default="positivity"),
-            stepper=_str(sec, "stepper", w, tuple(STEPPERS), default="ssprk2"),
-            cfl=_float(sec, "cfl", w, default=0.4, lo=0.0, hi=1.0, lo_open=True),
+            scheme=_str(sec, "scheme", w, SCHEMES, default=d.scheme),
+            limiter=_str(sec, "limiter", w, LIMITERS, default=d.limiter),
+            stepper=_str(sec, "stepper", w, tuple(STEPPERS), default=d.stepper),
+            cfl=_float(sec, "cfl", w, default=d.cfl, lo=0.0, hi=1.0, lo_open=True),
+            error_control=_bool(sec, "error_control", w, d.error_control),
+            rtol=_float(sec, "rtol", w, default=d.rtol, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
+            atol=_float(sec, "atol", w, default=d.atol, lo=0.0),
+            max_dt=max_dt,
             field_interval=_int(sec, "field_interval", w, minimum=1),
-            max_steps=_int(sec, "max_steps", w, default=10**8, minimum=1),
+            max_steps=_int(sec, "max_steps", w, default=d.max_steps, minimum=1),
         )
 
     def options(self):
         from .solver import Options
 
-        return Options(scheme=self.scheme, limiter=self.limiter, stepper=self.stepper, cfl=self.cfl,
-                       field_interval=self.field_interval, max_steps=self.max_steps)
+        return Options(**asdict(self))
 
 
 @dataclass(frozen=True)

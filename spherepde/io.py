@@ -296,7 +296,8 @@ def write_checkpoint(path, state: dict, extra: dict | None = None):
     ----------
     state : dict
         ``Solver.get_state()``: t, f, n_steps, l0, diag (dict of lists), history (list of (t, array)): the
-        field history of ``field_interval`` (face normal-velocity weights).
+        field history of ``field_interval`` (face normal-velocity weights), controller (dict of scalars:
+        the step-size controller's proposal and the field-extrapolation estimate).
     extra : dict of scalars
         Runner bookkeeping (number of saved frames, elapsed wall time, config JSON, ...).
     """
@@ -315,6 +316,9 @@ def write_checkpoint(path, state: dict, extra: dict | None = None):
         hg.create_dataset("t", data=np.array([t for t, _ in hist], dtype=float))
         for i, (_, m) in enumerate(hist):
             hg.create_dataset(f"m{i}", data=np.asarray(m))
+        cg = h.create_group("controller")  # the step-size controller's state (exact resume)
+        for k, v in state.get("controller", {}).items():
+            cg.attrs[k] = v
         for k, v in (extra or {}).items():
             h.attrs[f"extra_{k}"] = v
         h.flush()
@@ -342,6 +346,8 @@ def read_checkpoint(path):
             "f": h["f"][()],
             "diag": {k: h["diag"][k][()].tolist() for k in h["diag"]},
             "history": [(float(t), h["history"][f"m{i}"][()]) for i, t in enumerate(hist_t)],
+            "controller": {k: v.item() if hasattr(v, "item") else v
+                           for k, v in (h["controller"].attrs.items() if "controller" in h else ())},
         }
         extra = {k[len("extra_"):]: (v.item() if hasattr(v, "item") else v)
                  for k, v in h.attrs.items() if k.startswith("extra_")}

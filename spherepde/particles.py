@@ -32,8 +32,8 @@ Conventions: score <x, B y>, value V y, A = V B^T (as everywhere in spherepde).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -71,7 +71,12 @@ class ParticleResult:
     dt : float
         Nominal time step (steps are shortened to land exactly on saved times and t_end).
     n_steps : int
-        Number of steps taken.
+        Number of steps taken (accepted).
+    diagnostics : dict of (n_steps,) arrays
+        ``time`` (end of each step), ``dt``, ``error`` (largest per-token estimated local error),
+        ``rejected`` (attempts rejected before the step; always 0 at fixed steps).
+    rtol : float or None
+        The error-control tolerance (None: fixed steps).
     """
 
     times: np.ndarray
@@ -82,6 +87,15 @@ class ParticleResult:
     rule: str
     dt: float
     n_steps: int
+    diagnostics: dict = field(default_factory=dict)
+    rtol: float | None = None
+
+    @property
+    def error_estimate(self) -> float:
+        """Sum of the per-step local error estimates (largest over tokens): the global position error
+        to first order, without the amplification by the flow."""
+        e = self.diagnostics.get("error")
+        return float(np.sum(e)) if e is not None else float("nan")
 
     @property
     def n(self) -> int:
@@ -194,22 +208,55 @@ def _normalise(x: np.ndarray) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1)[:, None]
 
 
-def _euler_step(v, x, t, h):
-    """Algorithm 1: x <- N(x + h v(x, t)), N(y) = y / |y|."""
-    return _normalise(x + h * v(x, t))
+def _euler_step(v, x, t, h, k1=None):
+    """Algorithm 1: x <- N(x + h v(x, t)), N(y) = y / |y|. Returns (x_new, k1, y_new) with y_new the
+    unnormalised update (the error estimate compares it with the embedded solution)."""
+    k1 = v(x, t) if k1 is None else k1
+    y = x + h * k1
+    return _normalise(y), (k1,), y
 
 
-def _rk4_step(v, x, t, h):
+def _euler_error(v, x_new, t_new, h, ks, y):
+    """Heun minus Euler, h/2 (v(x_new) - v(x)) per token: the local error of the Euler step to leading
+    order. Returns (error per token, v(x_new)): the latter is the next step's first stage (FSAL)."""
+    k_new = v(x_new, t_new)
+    return 0.5 * h * np.linalg.norm(k_new - ks[0], axis=1), k_new
+
+
+def _rk4_step(v, x, t, h, k1=None):
     """Classical RK4 on g(y) = v(y/|y|): stages normalised, result renormalised."""
-    k1 = v(x, t)
+    k1 = v(x, t) if k1 is None else k1
     k2 = v(_normalise(x + 0.5 * h * k1), t + 0.5 * h)
     k3 = v(_normalise(x + 0.5 * h * k2), t + 0.5 * h)
     k4 = v(_normalise(x + h * k3), t + h)
-    return _normalise(x + (h / 6.0) * (k1 + 2.0 * k2 + 2.0 * k3 + k4))
+    y = x + (h / 6.0) * (k1 + 2.0 * k2 + 2.0 * k3 + k4)
+    return _normalise(y), (k1, k2, k3, k4), y
 
 
-#: Time schemes by name: ``step(v, x, t, h) -> x_new`` on the sphere, with their order of accuracy.
-SCHEMES: dict[str, tuple[Callable, int]] = {"euler": (_euler_step, 1), "rk4": (_rk4_step, 4)}
+def _rk4_error(v, x_new, t_new, h, ks, y):
+    """RK4 against its embedded third-order solution with the FSAL stage k5 = v(x_new):
+    b_hat = (1/6, 1/3, 1/3, 0, 1/6) satisfies the four order-3 conditions, so the difference
+    h/6 |k4 - k5| is O(h^4) (an upper estimate of RK4's O(h^5) local error)."""
+    k5 = v(x_new, t_new)
+    return (h / 6.0) * np.linalg.norm(ks[3] - k5, axis=1), k5
+
+
+class ParticleScheme(NamedTuple):
+    """A particle time scheme: ``step(v, x, t, h, k1) -> (x_new, stages, y)``, its error estimate
+    ``error(v, x_new, t_new, h, stages, y) -> (per-token error, v(x_new))``, its order, and the order q of
+    the estimate's ratio to the step's displacement (error / |dx| = O(h^q))."""
+
+    step: Callable
+    error: Callable
+    order: int
+    error_order: int
+
+
+#: Time schemes by name.
+SCHEMES: dict[str, ParticleScheme] = {
+    "euler": ParticleScheme(_euler_step, _euler_error, 1, 1),
+    "rk4": ParticleScheme(_rk4_step, _rk4_error, 4, 3),
+}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -303,6 +350,8 @@ def simulate_particles(
     method: str = "euler",
     hardmax: bool = False,
     weights=None,
+    rtol: float | None = None,
+    atol: float = 1e-10,
 ) -> ParticleResult:
     r"""Integrate n tokens on S^(d-1) under ``model``.
 
@@ -330,11 +379,21 @@ def simulate_particles(
         not Algorithm 2.
     weights : (n,) array_like, optional
         Token masses (non-negative, normalised to sum 1); default uniform 1/n.
+    rtol : float in (0, 1), optional
+        None (default): fixed steps ``dt`` (with ``method="euler"`` exactly Algorithm 1). A number: the
+        step is chosen by error control, ``dt`` is then the first and the largest step. A step is
+        accepted when every token's estimated local error is <= ``atol + rtol |x_new - x|`` (error per
+        unit step, as the PDE solver's; see :mod:`spherepde.steppers`).
+    atol : float >= 0, default 1e-10
+        Absolute floor of the per-token error per step (positions on the unit sphere).
 
     Returns
     -------
     ParticleResult
-        ``times`` (n_saved,), ``positions`` (n_saved, n, d), ``weights``, ``model``, ``method``, ``rule``.
+        ``times`` (n_saved,), ``positions`` (n_saved, n, d), ``weights``, ``model``, ``method``, ``rule``,
+        ``diagnostics`` (per step: ``time`` at its end, ``dt``, ``error`` the largest per-token estimated
+        local error, ``rejected`` attempts) and ``error_estimate`` (their sum: the global error estimate
+        to first order, without the flow's amplification).
 
     Notes
     -----
@@ -345,6 +404,11 @@ def simulate_particles(
 
     evaluated with a row-max shift (stable at any beta) in O(n^2 d) per evaluation without an n x n
     array. Euler step: x <- (x + dt v) / |x + dt v|.
+
+    Error estimates (every method, also at fixed steps, at the cost of one extra velocity evaluation per
+    run: the estimate's last stage v(x_new) is the next step's first): Euler against Heun,
+    h/2 |v(x_new) - v(x)|; RK4 against its embedded third-order solution with that FSAL stage,
+    h/6 |k4 - v(x_new)|. Both are upper estimates of the local error of the method (local extrapolation).
 
     References
     ----------
@@ -357,27 +421,73 @@ def simulate_particles(
     x = _check_x0(x0, d)
     t_end = finite_float(t_end, "t_end", low=0.0)
     dt = finite_float(dt, "dt", low=0.0, low_open=True)
+    if rtol is not None:
+        rtol = finite_float(rtol, "rtol", low=0.0, high=1.0, low_open=True, high_open=True)
+    atol = finite_float(atol, "atol", low=0.0)
     w = _check_weights(weights, x.shape[0])
     rule = _rule(model, bool(hardmax))
-    knots, save_idx = _time_knots(t_end, dt, save_at)
     v = _velocity_fn(model, rule, w)
-    step, _ = SCHEMES[method]
+    step, error, _, q = SCHEMES[method]
+    if rtol is None:
+        knots, save_idx = _time_knots(t_end, dt, save_at)
+    else:  # adaptive: the knots are only the save times (and t_end), the steps come from the controller
+        if isinstance(save_at, str) and save_at == "all":
+            raise ValueError('save_at="all" needs fixed steps (rtol=None): adaptive steps are not known up front')
+        knots, save_idx = _time_knots(t_end, max(t_end, 1.0), save_at)
+    save_times = knots[save_idx]
+    if rtol is not None:
+        knots = None
 
-    out = np.empty((save_idx.size, x.shape[0], d))
-    save_pos = {}
-    for s, k in enumerate(save_idx):
-        save_pos.setdefault(int(k), []).append(s)
-    log.info("simulate_particles: n=%d d=%d rule=%s method=%s steps=%d", x.shape[0], d, rule, method,
-             knots.size - 1)
-    for s in save_pos.get(0, []):
-        out[s] = x
-    for k in range(knots.size - 1):
-        x = step(v, x, knots[k], knots[k + 1] - knots[k])
-        for s in save_pos.get(k + 1, []):
-            out[s] = x
+    log.info("simulate_particles: n=%d d=%d rule=%s method=%s %s", x.shape[0], d, rule, method,
+             f"steps={knots.size - 1}" if knots is not None else f"adaptive rtol={rtol:g}")
+    out = np.empty((save_times.size, x.shape[0], d))
+    diag = {"time": [], "dt": [], "error": [], "rejected": []}
+    t, k1, n_out = 0.0, None, 0
+    while n_out < save_times.size and save_times[n_out] <= t:
+        out[n_out] = x
+        n_out += 1
+    h_prop, kk = dt, 0  # the controller's proposal; the index of the fixed-step knot reached
+    while t < t_end:
+        if knots is None:  # adaptive: up to the next save time (or t_end)
+            target = save_times[n_out] if n_out < save_times.size else t_end
+            h_free = min(h_prop, dt)
+            h = min(h_free, target - t)
+        else:
+            target = knots[kk + 1]
+            h = h_free = target - t
+        rejected = 0
+        while True:
+            x_new, ks, y = step(v, x, t, h, k1)
+            t_new = target if h == target - t else t + h
+            err_tok, k_next = error(v, x_new, t_new, h, ks, y)
+            if rtol is None:
+                break
+            ratio = float(np.max(err_tok / (atol + rtol * np.linalg.norm(x_new - x, axis=1))))
+            if not np.isfinite(ratio):
+                raise FloatingPointError(f"non-finite particle error estimate at t = {t}; check the model")
+            if ratio <= 1.0:
+                grow = 1.0 if rejected else 4.0
+                h_prop = h * (float(np.clip(0.9 * ratio ** (-1.0 / q), 0.2, grow)) if ratio > 0 else grow)
+                if h < h_free and rejected == 0:  # shortened to land on a save time: keep the free proposal
+                    h_prop = max(h_prop, h_free)
+                break
+            rejected += 1
+            if rejected > 60 or h <= 1e-14 * max(1.0, t):
+                raise RuntimeError(f"particle step size underflow at t = {t}: the error estimate cannot meet "
+                                   f"rtol = {rtol:g}, atol = {atol:g}")
+            h *= float(np.clip(0.9 * ratio ** (-1.0 / q), 0.2, 0.9))
+            k1 = ks[0]
+        x, t, k1 = x_new, t_new, k_next
+        kk += 1
+        for key, val in zip(("time", "dt", "error", "rejected"), (t, h, float(err_tok.max()), rejected)):
+            diag[key].append(val)
+        while n_out < save_times.size and abs(save_times[n_out] - t) <= 1e-12 * max(1.0, t_end):
+            out[n_out] = x
+            n_out += 1
     if not np.all(np.isfinite(out)):
         raise FloatingPointError("particle positions became non-finite; reduce dt or check the model")
+    diagnostics = {k: np.array(val, dtype=float) for k, val in diag.items()}
     return ParticleResult(
-        times=knots[save_idx].copy(), positions=out, weights=w, model=model, method=method, rule=rule,
-        dt=dt, n_steps=knots.size - 1,
+        times=save_times.copy(), positions=out, weights=w, model=model, method=method, rule=rule,
+        dt=dt, n_steps=len(diag["dt"]), diagnostics=diagnostics, rtol=rtol,
     )

@@ -26,7 +26,7 @@ class ProgressBar:
         self.min_interval = min_interval
         self._last = 0.0
 
-    def update(self, t: float):
+    def update(self, t: float, dt: float | None = None):
         if not self.enabled:
             return
         now = time.perf_counter()
@@ -39,7 +39,9 @@ class ProgressBar:
         n = int(self.width * frac)
         bar = "#" * n + "-" * (self.width - n)
         eta_s = _fmt(eta) if eta == eta else "--:--"
-        self.stream.write(f"\r[{bar}] {100 * frac:5.1f}% t={t:.4g}/{self.total:.4g} {_fmt(elapsed)} ETA {eta_s}")
+        step = f" dt={dt:.2e}" if dt is not None else ""
+        self.stream.write(f"\r[{bar}] {100 * frac:5.1f}% t={t:.4g}/{self.total:.4g}{step} {_fmt(elapsed)} "
+                          f"ETA {eta_s}")
         self.stream.flush()
 
     def close(self):

@@ -150,7 +150,7 @@ def run_experiment(config, output, *, restart: bool = False, progress: bool = Fa
 
     def callback(s):
         if bar is not None:
-            bar.update(s.t)
+            bar.update(s.t, s.last_dt)
         if time.perf_counter() - last_ck[0] >= ck_every:
             checkpoint()
         if stop_after_steps is not None and s.n_steps >= stop_after_steps:
@@ -164,6 +164,7 @@ def run_experiment(config, output, *, restart: bool = False, progress: bool = Fa
                           wall_before + time.perf_counter() - start)
             saved_count[0] = i + 1
             checkpoint()
+            solver.log_progress(log)
         solver.advance(t_end, callback)
     except _Stop:
         writer.close()

@@ -190,7 +190,8 @@ def test_scheme_registry_orders_on_rotation():
         c, s_ = np.cos(t), np.sin(t)
         return x * c + np.cross(a, x) * s_ + np.outer(x @ a, a) * (1 - c)
 
-    for name, (_, order) in SCHEMES.items():
+    for name, scheme in SCHEMES.items():
+        order = scheme.order
         errs = [np.max(np.abs(simulate_particles(model, x0, 1.0, h, method=name).positions[-1]
                               - exact(x0, 1.0))) for h in (0.1, 0.05)]
         assert abs(np.log2(errs[0] / errs[1]) - order) < 0.3, (name, errs)

@@ -123,6 +123,33 @@ class Grid:
             raise RuntimeError("cell_faces does not list every face for both of its cells")
         return out
 
+    @cached_property
+    def error_blocks(self) -> np.ndarray:
+        """(N,) block index of every cell: a partition of the grid into blocks of about 2 x 2 cells (2 on
+        S^1), in which the solver's time-error norm sums the error's mass (:mod:`spherepde.steppers`).
+
+        Why: the positivity limiter makes the update of a nearly empty cell next to a dense one depend on
+        the step size (its outflow cap is |C| f / dt), so the embedded estimate of such a cell does not
+        shrink with dt; the mass it misplaces sits in its neighbours with the opposite sign. Summed over
+        2 x 2 blocks these exchanges cancel (measured on the paper's run at beta 100, nside 32, after the
+        collapse: the cell-level error ratio stays at 1.0-1.4e-2 for every dt from 1e-6 to the CFL step,
+        the block-level one falls in proportion to dt, 7.6e-7 to 5.4e-3). The time error is so measured
+        at twice the cell size, the resolution of the scheme. This default bins the cell centres (d = 3:
+        a HEALPix map with pixels twice the cell width; d = 2: angle bins of two cells; d >= 4: the cells
+        themselves); grids override it with their own lattice."""
+        c = np.asarray(self.centers, float)
+        N = c.shape[0]
+        if self.dim == 2:
+            nb = max(1, N // 2)
+            phi = np.mod(np.arctan2(c[:, 1], c[:, 0]), 2 * np.pi)
+            return np.minimum((phi / (2 * np.pi / nb)).astype(np.int64), nb - 1)
+        if self.dim == 3:
+            import healpy as hp
+
+            nside = max(1, int(round(np.sqrt(N / 12.0) / 2)))
+            return hp.vec2pix(nside, c[:, 0], c[:, 1], c[:, 2]).astype(np.int64)
+        return np.arange(N, dtype=np.int64)
+
     def mass(self, f) -> float:
         """Total mass sum_i f_i |C_i| of a cell-average density ``f`` (pairwise summation: the rounding
         error grows like log N, so mass drift below 1e-14 stays visible on large grids)."""

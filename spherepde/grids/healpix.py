@@ -11,6 +11,8 @@ so the scheme is conservative to round-off. Cell areas are exactly 4 pi / N (the
 from __future__ import annotations
 
 import healpy as hp
+from functools import cached_property
+
 import numpy as np
 
 from .._checks import positive_int
@@ -78,6 +80,13 @@ class HealpixGrid(Grid):
 
     def __repr__(self):
         return f"HealpixGrid(nside={self.nside}, n_cells={self.n_cells})"
+
+    @cached_property
+    def error_blocks(self) -> np.ndarray:
+        """2 x 2 blocks of the base-face lattice (the NESTED parents where nside is a power of 2); see
+        :attr:`Grid.error_blocks`."""
+        m = (self.nside + 1) // 2
+        return ((self._face * m + self._ix // 2) * m + self._iy // 2).astype(np.int64)
 
     # ------------------------------------------------------------------ faces
     def _build_faces(self):
