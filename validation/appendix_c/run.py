@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 from spherepde import (Attention, alignment, interaction_energy, sample_uniform,  # noqa: E402
                        simulate_particles, spectral_data)
-from validation.fig3_density.common import grid_measures, machine, run_density  # noqa: E402
+from validation.fig3_density.common import grid_measures, machine, options_record, options_text, run_density  # noqa: E402
 
 D = np.diag
 GRADIENT = {
@@ -124,7 +124,7 @@ def main(argv=None):
     sfx = "_quick" if q else ""
     t0 = time.perf_counter()
     res = {"study": "appendix_c", "machine": machine(),
-           "options": {"cfl": 0.8, "field_interval": 10, "scheme": "linear", "stepper": "ssprk2"}}
+           "options": options_record()}
     res["energy"] = [energy_case(name, n, beta, 1.0 if q else 10.0)
                      for name in GRADIENT for n in ((4,) if q else (8, 16)) for beta in ((10.0,) if q else (10.0, 30.0))]
     res["nonsym"] = [] if q else [nonsym_case(16, b, 10.0) for b in (30.0, np.inf)]
@@ -143,7 +143,7 @@ def main(argv=None):
 
 def write_md(res, sfx):
     L = ["# Appendix C at density level", "", f"Machine: {res['machine']}; total {res['wall_total_s']:.0f} s; "
-         "HEALPix, cfl 0.8, ssprk2, field recomputed every 10 steps.", "",
+         f"HEALPix, {options_text()}.", "",
          "## Gradient-flow cases: log E_B of the grid measure along the flow (saved every 0.1)", "",
          "![energy](energy%s.png)" % sfx, "",
          "| case | nside | beta | expected | monotone | worst violation (log E) | log E(0) -> log E(T) | final align E / F | wall s |",

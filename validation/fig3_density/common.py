@@ -33,7 +33,29 @@ def perturbed_uniform(x, eps=0.05):
     return (1.0 + eps * (x[:, 0] * x[:, 1] + x[:, 1] + 0.5 * x[:, 2] * x[:, 0])) / (4 * np.pi)
 
 
-def run_density(nside, B, V, beta, t_end, save_at, f0="uniform", field_interval=10, cfl=0.8):
+#: The solver options of the density runs of fig3_density, fig4_concentration and appendix_c (the CFL
+#: number is the stability limit of the step; the error control chooses the step within it).
+CFL, FIELD_INTERVAL = 0.8, 10
+
+
+def options_record(cfl=CFL, field_interval=FIELD_INTERVAL) -> dict:
+    """The options of :func:`run_density` as a plain dict (for results.json)."""
+    from dataclasses import asdict
+
+    d = asdict(Options(cfl=cfl, field_interval=field_interval))
+    d["max_dt"] = str(d["max_dt"])  # inf is not JSON
+    return d
+
+
+def options_text(cfl=CFL, field_interval=FIELD_INTERVAL) -> str:
+    """One line naming the options of :func:`run_density` (for the reports)."""
+    o = Options(cfl=cfl, field_interval=field_interval)
+    ec = f"error control rtol {o.rtol:g}, atol {o.atol:g}" if o.error_control else "fixed CFL steps"
+    return (f"{o.stepper}, cfl {o.cfl:g} (upper limit), {ec}, field recomputed at most every "
+            f"{o.field_interval} steps")
+
+
+def run_density(nside, B, V, beta, t_end, save_at, f0="uniform", field_interval=FIELD_INTERVAL, cfl=CFL):
     """One Eulerian run on HealpixGrid(nside). Returns (grid, Result, wall seconds)."""
     g = HealpixGrid(nside)
     if isinstance(f0, str):

@@ -23,7 +23,8 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 from spherepde import Attention, sample_uniform, simulate_particles  # noqa: E402
 from validation.fig3_density.common import (PAPER_B, PAPER_V, grid_measures, machine, measures,  # noqa: E402
-                                            run_density, sphere_lonlat, transition_time)
+                                            options_record, options_text, run_density, sphere_lonlat,
+                                            transition_time)
 
 BETA = 100.0
 MAP_TIMES = (0.0, 2.0, 5.0, 10.0, 15.0, 20.0)
@@ -81,8 +82,7 @@ def main(argv=None):
 
     res = {
         "study": "fig3_density", "beta": BETA, "B": PAPER_B.tolist(), "V": PAPER_V.tolist(), "nside": nside,
-        "cells": g.n_cells, "t_end": t_end, "options": {"cfl": 0.8, "field_interval": 10, "scheme": "linear",
-                                                        "stepper": "ssprk2"},
+        "cells": g.n_cells, "t_end": t_end, "options": options_record(),
         "times": save.tolist(), "steps": r.n_steps, "wall_density_s": wall, "wall_particles_s": wall_p,
         "mass_drift": float(abs(r.diagnostics["mass"][-1] / r.diagnostics["mass"][0] - 1)),
         "min_density": float(r.diagnostics["min"].min()),
@@ -168,7 +168,7 @@ def write_md(res, sfx, map_times):
     times = np.asarray(res["times"])
     L = [f"# Figure 3 at density level (beta = {res['beta']:g}, nside {res['nside']}, {res['cells']} cells)", "",
          f"Paper matrices B = diag(-1,-1,1), V = diag(-1,1,-2) (E = span e1, F = span e2, F_abs = span e3); "
-         f"uniform f0; {res['steps']} steps (cfl 0.8, ssprk2, field recomputed every 10 steps); density run "
+         f"uniform f0; {res['steps']} steps ({options_text()}); density run "
          f"{res['wall_density_s']:.0f} s, 200-token run {res['wall_particles_s']:.1f} s; mass drift "
          f"{res['mass_drift']:.1e}, min f {res['min_density']:.2e}. Machine: {res['machine']}.", "",
          "![maps](maps%s.png)" % sfx, "", "![alignment](alignment%s.png)" % sfx, "",

@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 from spherepde import Attention, sample_uniform, simulate_particles  # noqa: E402
 from validation.fig3_density.common import (PAPER_B, PAPER_V, grid_measures, machine, measures,  # noqa: E402
-                                            run_density, transition_time)
+                                            options_record, options_text, run_density, transition_time)
 
 BETAS = (30.0, 100.0, 300.0, 1000.0, np.inf)
 T_END = 20.0
@@ -180,7 +180,7 @@ def main(argv=None):
     wall_p = time.perf_counter() - tp
     res = analyse(recs, parts, t_end)
     res.update({"study": "fig4_concentration", "t_end": t_end, "machine": machine(), "wall_particles_s": wall_p,
-                "options": {"cfl": 0.8, "field_interval": 10, "scheme": "linear", "stepper": "ssprk2"},
+                "options": options_record(),
                 "wall_density_runs_s": float(sum(r["wall_s"] for r in recs + extended if "reused" not in r))})
     for n in sorted({r["nside"] for r in extended}):
         sel = [r for r in extended if r["nside"] == n and r["beta"] != "inf"]
@@ -239,7 +239,7 @@ def f3(x):
 
 def write_md(res, recs, sfx, extended=()):
     L = ["# Figure 4 at density level: W2 to Pi#rho_0, alignment with E and F, beta in {30, 100, 300, 1000, inf}", "",
-         f"T = {res['t_end']:g}; HEALPix, cfl 0.8, ssprk2, field recomputed every 10 steps; machine: {res['machine']}; "
+         f"T = {res['t_end']:g}; HEALPix, {options_text()}; machine: {res['machine']}; "
          f"density runs {res['wall_density_runs_s']:.0f} s in all, particle runs {res['wall_particles_s']:.0f} s.", "",
          "t_EF: first t with int|P_F x|^2 > int|P_E x|^2 after E led; t_exit: first t with int|P_E x|^2 < 0.9 after "
          "it exceeded 0.9; 'none' = not by T.", "",
