@@ -13,8 +13,9 @@ Semi-discretisation (finite volumes, cell averages f_i):
 with the upwind value of the (limited) linear reconstruction at each edge Gauss point
 (:mod:`spherepde.kernels.fv`). Time: strong-stability-preserving Runge-Kutta in Shu-Osher form, each
 stage a convex combination of forward-Euler stages, so positivity and exact mass conservation carry
-over. Time step: dt = CFL / max_i (sum of outflow a_g of cell i / |C_i|) (the outflow Courant number of
-the worst cell equals CFL).
+over (:mod:`spherepde.steppers`). Time step: at most the CFL step CFL / max_i (sum of outflow a_g of cell
+i / |C_i|) (stability), chosen within it by the embedded error estimate of the stepper (accuracy: error
+per unit step, ``rtol`` / ``atol``); rejected attempts are retried smaller.
 """
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ class Options:
         SSP Runge-Kutta scheme (:mod:`spherepde.steppers`). SSP-RK3 is the default because its embedded
         estimate (Heun) is second order: under error control it takes CFL-size steps where SSP-RK2, whose
         embedded Euler estimate is only first order, takes 5-25 times more (measured on the paper's run
-        at nside 16: 7700 SSP-RK2 steps against 1225 fixed CFL steps; see ``validation/time_accuracy``).
+        at nside 16: 7802 SSP-RK2 steps against 1230 fixed CFL steps; see ``validation/time_accuracy``).
     cfl : float in (0, 1], default 0.4
         Outflow Courant number of the worst cell: dt * (total outflow coefficient of cell i) / |C_i|.
         With ``error_control`` it is the upper limit of the step (stability), not the step itself.
@@ -69,11 +70,13 @@ class Options:
         (stability); rejected steps are retried smaller. False: the step is min(CFL step, ``max_dt``)
         (fixed-step studies, step-size ladders).
     rtol : float in (0, 1), default 1e-3
-        Error per unit step: the estimated local error of a step, in the mass norm sum_i |e_i| |C_i|, is
-        at most ``rtol`` times the change the step makes (plus ``atol``); see :mod:`spherepde.steppers`.
+        Error per unit step: the estimated local error of a step, in the mass norm on blocks of about
+        2 x 2 cells (``Grid.error_blocks``), is at most ``rtol`` times the change the step makes in the
+        same norm (plus ``atol``); see :mod:`spherepde.steppers`.
         The global time error is then about ``rtol`` times the total variation of the solution, and it
         does not depend on the amplitude of a perturbation. For ``field_interval`` the predicted error
-        of the extrapolated field is kept below ``rtol / 2`` (relative, max norm).
+        of the extrapolated field is kept below ``rtol / 2`` (relative, weighted by the density the faces
+        carry: a relative error of the flux).
     atol : float >= 0, default 1e-12
         Absolute floor of the error per step, as a fraction of the mass (round-off level: changes below
         it are not resolved in time).
@@ -287,7 +290,7 @@ class Solver:
             return self._nonlocal_weights_now(f), None, 0.0
         at_start = t == self.t and f is self.f
         if at_start and (not self._history or self._history[-1][0] != t) and self._field_due(t):
-            self._push_field(t, self._nonlocal_weights_now(f))
+            self._push_field(t, self._nonlocal_weights_now(f), f)
         elif not at_start and self.options.error_control and not np.isfinite(self._field_curv):
             return self._nonlocal_weights_now(f), None, 0.0  # no error estimate yet: the exact field
         tn, an = self._history[-1]
@@ -312,7 +315,7 @@ class Solver:
         return self._field_error_at(t + dt_guess) > 0.5 * opt.rtol
 
     def _field_error_at(self, s: float) -> float:
-        """Predicted relative (max-norm) error of the linearly extrapolated field at time s:
+        """Predicted relative (density-weighted) error of the linearly extrapolated field at time s:
         |a''| / 2 (s - t_n)(s - t_p), with a'' / 2 the second divided difference of the last three fields."""
         if self.options.field_interval is None or not self.options.error_control or not self._history \
                 or not np.isfinite(self._field_curv):
@@ -320,15 +323,21 @@ class Solver:
         tn, tp = self._history[-1][0], self._history[0][0] if len(self._history) > 1 else self._history[-1][0]
         return float(self._field_curv * abs((s - tn) * (s - tp)))
 
-    def _push_field(self, t: float, a: np.ndarray):
-        """Add a recomputed field; measure how far the extrapolation from the last two was off."""
+    def _push_field(self, t: float, a: np.ndarray, f: np.ndarray):
+        """Add a recomputed field; measure how far the extrapolation from the last two was off.
+
+        The measure is relative and weighted by the density the faces carry, sum_f w_f sum_g |da_fg| /
+        sum_f w_f sum_g |a_fg| with w_f = f_owner + f_neighbour: a field error moves mass in proportion to
+        the density it acts on, so it is measured as a relative error of the flux (the unit of rtol)."""
         self._field_step = self.n_steps
         self._field_err = 0.0
         if len(self._history) == 2 and self.options.error_control:
             (tp, ap), (tn, an) = self._history
-            scale = float(np.abs(a).max())
+            g = self.grid
+            w = f[g.owner] + f[g.neighbour]
+            scale = float(w @ np.abs(a).sum(axis=1))
             d2 = ((a - an) / (t - tn) - (an - ap) / (tn - tp)) / (t - tp)  # second divided difference
-            self._field_curv = float(np.abs(d2).max()) / scale if scale > 0 else 0.0
+            self._field_curv = float(w @ np.abs(d2).sum(axis=1)) / scale if scale > 0 else 0.0
             self._field_err = self._field_curv * (t - tn) * (t - tp)  # = |a - extrapolation(t)| / |a|
         self._history = (self._history + [(t, a)])[-2:]
 

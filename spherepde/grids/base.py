@@ -128,13 +128,14 @@ class Grid:
         """(N,) block index of every cell: a partition of the grid into blocks of about 2 x 2 cells (2 on
         S^1), in which the solver's time-error norm sums the error's mass (:mod:`spherepde.steppers`).
 
-        Why: the positivity limiter makes the update of a nearly empty cell next to a dense one depend on
-        the step size (its outflow cap is |C| f / dt), so the embedded estimate of such a cell does not
-        shrink with dt; the mass it misplaces sits in its neighbours with the opposite sign. Summed over
-        2 x 2 blocks these exchanges cancel (measured on the paper's run at beta 100, nside 32, after the
-        collapse: the cell-level error ratio stays at 1.0-1.4e-2 for every dt from 1e-6 to the CFL step,
-        the block-level one falls in proportion to dt, 7.6e-7 to 5.4e-3). The time error is so measured
-        at twice the cell size, the resolution of the scheme. This default bins the cell centres (d = 3:
+        Why: where the positivity limiter acts (a nearly empty cell next to a dense one) the update is not
+        a smooth function of the state, so the embedded estimate of such a cell need not shrink with dt;
+        the mass it misplaces sits in its neighbours with the opposite sign. Summed over 2 x 2 blocks
+        these exchanges cancel. Measured on the paper's run at beta 100, nside 32, after the collapse,
+        with the limiter's outflow cap |C| f / dt alone (before the step-independent bound of
+        :mod:`spherepde.kernels.fv`): the cell-level error ratio stayed at 1.0-1.4e-2 for every dt from
+        1e-6 to the CFL step, the block-level one fell in proportion to dt, 7.6e-7 to 5.4e-3. The time
+        error is so measured at twice the cell size, the resolution of the scheme. This default bins the cell centres (d = 3:
         a HEALPix map with pixels twice the cell width; d = 2: angle bins of two cells; d >= 4: the cells
         themselves); grids override it with their own lattice."""
         c = np.asarray(self.centers, float)
