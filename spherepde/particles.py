@@ -41,6 +41,7 @@ from ._checks import as_points, finite_float
 from .kernels.particles import hardmax_mean, launch, softmax_mean
 from .models.base import Model, tangent_project
 from .models.zero_temperature import ZeroTemperature
+from .steppers import StepController
 
 __all__ = ["ParticleResult", "simulate_particles", "particle_velocity", "SCHEMES", "NORM_TOL"]
 
@@ -428,6 +429,7 @@ def simulate_particles(
     rule = _rule(model, bool(hardmax))
     v = _velocity_fn(model, rule, w)
     step, error, _, q = SCHEMES[method]
+    controller = StepController(1.0 / q)  # the PDE solver's step-size rule
     if rtol is None:
         knots, save_idx = _time_knots(t_end, dt, save_at)
     else:  # adaptive: the knots are only the save times (and t_end), the steps come from the controller
@@ -466,8 +468,7 @@ def simulate_particles(
             if not np.isfinite(ratio):
                 raise FloatingPointError(f"non-finite particle error estimate at t = {t}; check the model")
             if ratio <= 1.0:
-                grow = 1.0 if rejected else 4.0
-                h_prop = h * (float(np.clip(0.9 * ratio ** (-1.0 / q), 0.2, grow)) if ratio > 0 else grow)
+                h_prop = h * controller.factor(ratio, after_reject=rejected > 0)
                 if h < h_free and rejected == 0:  # shortened to land on a save time: keep the free proposal
                     h_prop = max(h_prop, h_free)
                 break
@@ -475,7 +476,7 @@ def simulate_particles(
             if rejected > 60 or h <= 1e-14 * max(1.0, t):
                 raise RuntimeError(f"particle step size underflow at t = {t}: the error estimate cannot meet "
                                    f"rtol = {rtol:g}, atol = {atol:g}")
-            h *= float(np.clip(0.9 * ratio ** (-1.0 / q), 0.2, 0.9))
+            h *= controller.factor(ratio, after_reject=True)
             k1 = ks[0]
         x, t, k1 = x_new, t_new, k_next
         kk += 1

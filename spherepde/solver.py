@@ -317,10 +317,10 @@ class Solver:
     def _field_error_at(self, s: float) -> float:
         """Predicted relative (density-weighted) error of the linearly extrapolated field at time s:
         |a''| / 2 (s - t_n)(s - t_p), with a'' / 2 the second divided difference of the last three fields."""
-        if self.options.field_interval is None or not self.options.error_control or not self._history \
+        if self.options.field_interval is None or not self.options.error_control \
                 or not np.isfinite(self._field_curv):
             return 0.0  # no extrapolation (exact field at every stage until three fields are known)
-        tn, tp = self._history[-1][0], self._history[0][0] if len(self._history) > 1 else self._history[-1][0]
+        (tp, _), (tn, _) = self._history  # a finite curvature implies two stored fields
         return float(self._field_curv * abs((s - tn) * (s - tp)))
 
     def _push_field(self, t: float, a: np.ndarray, f: np.ndarray):
