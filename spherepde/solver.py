@@ -390,7 +390,7 @@ class Solver:
             fv.limited_gradient(fb, grid.stencil, cls, coef, grid.tangent_basis, mom[1], grid.areas, dt, True,
                                 self._g)
             fv.local_bounds_scale(fb, grid.stencil, self._point_offsets(), self._g)
-            fv.face_flux(fb, self._g, grid.owner, grid.neighbour, mom[0], self._flux)
+            fv.face_flux(fb, self._g, grid.owner, grid.neighbour, mom[0], self._flux, True)
             fv.cell_update(fa, fb, self._flux, grid.cell_faces, grid.cell_face_sign, grid.areas, dt, alpha,
                            out)
             return

@@ -46,11 +46,16 @@ def twin_gradient(g, f, mom, dt, limit):
         if f[i] <= 0:
             theta[i] = 0.0
             continue
+        tiny = fv.FACE_TINY * q[i].sum()
+        gq_tot = gq[i].copy()
         for k in range(fc.shape[1]):
             if gq[i, k] < 0 and q[i, k] * f[i] + gq[i, k] < 0:
-                theta[i] = min(theta[i], (1 - fv.OUTFLOW_MARGIN) * q[i, k] * f[i] / -gq[i, k])
+                if q[i, k] > tiny:
+                    theta[i] = min(theta[i], (1 - fv.OUTFLOW_MARGIN) * q[i, k] * f[i] / -gq[i, k])
+                else:  # negligible outflow: clipped at 0, no face bound
+                    gq_tot[k] = 0.0
         cap = min((1 - fv.OUTFLOW_MARGIN) * g.areas[i] / dt, fv.OUTFLOW_RATIO * q[i].sum()) * f[i]
-        s0, s1 = q[i].sum() * f[i], gq[i].sum()  # the kernel reads q, Q from side_moments
+        s0, s1 = q[i].sum() * f[i], gq_tot.sum()  # the kernel reads q, Q from side_moments
         if s1 > 0 and s0 + theta[i] * s1 > cap:
             theta[i] = min(theta[i], max(cap - s0, 0) / s1)
     return grad * theta[:, None]
@@ -128,7 +133,7 @@ def test_face_flux_matches_pointwise_upwind(setup):
     mom = twin_moments(g, a)
     grad = RNG.normal(size=(g.n_cells, 3))
     flux = np.empty(g.n_faces)
-    fv.face_flux(f, grad, g.owner, g.neighbour, mom, flux)
+    fv.face_flux(f, grad, g.owner, g.neighbour, mom, flux, False)
     assert np.allclose(flux, twin_flux_pointwise(g, a, f, grad), rtol=1e-12, atol=1e-14)
 
 
@@ -183,13 +188,13 @@ def test_positivity_of_one_limited_euler_stage(setup):
     side = _side(g, mom)
     _limited_gradient(g, f, side, dt, True, grad)
     flux = np.empty(g.n_faces)
-    fv.face_flux(f, grad, g.owner, g.neighbour, mom, flux)
+    fv.face_flux(f, grad, g.owner, g.neighbour, mom, flux, True)
     out = np.empty(g.n_cells)
     fv.cell_update(f, f, flux, g.cell_faces, g.cell_face_sign, g.areas, dt, 0.0, out)
     assert out.min() >= 0.0
     # without the limiter the same stage goes negative (so the test above can fail)
     _limited_gradient(g, f, side, dt, False, grad)
-    fv.face_flux(f, grad, g.owner, g.neighbour, mom, flux)
+    fv.face_flux(f, grad, g.owner, g.neighbour, mom, flux, False)
     fv.cell_update(f, f, flux, g.cell_faces, g.cell_face_sign, g.areas, dt, 0.0, out)
     assert out.min() < 0.0
 
