@@ -18,9 +18,11 @@ Sections (see ``docs/user_guide.md`` and ``docs/examples/*.toml``)::
 
     name = "..."  description = "..."              # optional, top level
     [grid]      type = "healpix" (nside, edge_points) | "tensor" (d, n)
-    [model]     type = "zero_temperature" (B, V) | "attention" (B, V, beta, tol, method)
+    [model]     type = "zero_temperature" (B, V) | "attention" (B, V, beta, tol, method; beta = inf is
+                     the zero-temperature limit)
                      | "prescribed_rotation" (axis, omega) | "prescribed_linear" (M)
     [initial]   type = "uniform" | "vmf_mixture" (means, kappas, weights, uniform_weight)
+                     | "perturbed_uniform" (eps); sample = "average" (default) | "center"
     [time]      t_end, and save_every or save_at
     [scheme]    scheme, limiter, stepper, cfl, field_interval, max_steps  -> spherepde.solver.Options
     [output]    checkpoint_every (seconds), fits, plots, diagnostics_p
@@ -42,7 +44,7 @@ import numpy as np
 __all__ = [
     "ConfigError", "ExperimentConfig", "GridConfig", "ModelConfig", "InitialConfig", "TimeConfig",
     "SchemeConfig", "OutputConfig", "ParticlesConfig", "load_config", "parse_config", "dump_toml",
-    "MATRIX_PRESETS", "PLOTS",
+    "MATRIX_PRESETS", "PLOTS", "perturbed_uniform",
 ]
 
 
@@ -68,7 +70,8 @@ PLOTS = ("maps", "diagnostics", "concentration", "animation", "particles")
 
 GRID_TYPES = ("healpix", "tensor")
 MODEL_TYPES = ("zero_temperature", "attention", "prescribed_rotation", "prescribed_linear")
-INITIAL_TYPES = ("uniform", "vmf_mixture")
+INITIAL_TYPES = ("uniform", "vmf_mixture", "perturbed_uniform")
+INITIAL_SAMPLES = ("average", "center")
 ATTENTION_METHODS = ("auto", "direct", "pruned", "spectral")
 
 
@@ -169,6 +172,13 @@ def _matrix(sec, key, where, preset_key=None, required=True):
     return a.tolist()
 
 
+def _check_invertible(sec, B, where, what):
+    cond = float(np.linalg.cond(np.array(B)))
+    if not math.isfinite(cond) or cond > 1e12:
+        raise ConfigError(f"{where}.B", sec["B"], f"an invertible matrix (condition number <= 1e12) {what}; "
+                          f"this one has {cond:.3e}")
+
+
 def _vector_list(sec, key, where, d=None, required=True):
     """A list of vectors (nested list) or one vector."""
     if key not in sec:
@@ -248,7 +258,11 @@ class GridConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """``[model]``: the velocity model; matrices are stored as lists of rows."""
+    """``[model]``: the velocity model; matrices are stored as lists of rows.
+
+    ``type = "attention"`` with ``beta = inf`` builds the zero-temperature (hardmax) limit
+    :class:`~spherepde.models.ZeroTemperature` (``tol`` and ``method`` unused), so that a scan over beta
+    can include it."""
 
     type: str
     B: list | None = None
@@ -278,12 +292,13 @@ class ModelConfig:
             if len(V) != len(B):
                 raise ConfigError(f"{w}.V", sec["V"], f"a {len(B)} x {len(B)} matrix (the size of model.B)")
             if t == "zero_temperature":
-                cond = float(np.linalg.cond(np.array(B)))
-                if not math.isfinite(cond) or cond > 1e12:
-                    raise ConfigError(f"{w}.B", sec["B"], "an invertible matrix (condition number <= 1e12) "
-                                      f"for the zero-temperature model; this one has {cond:.3e}")
+                _check_invertible(sec, B, w, "for the zero-temperature model")
                 return cls(t, B=B, V=V)
-            beta = _float(sec, "beta", w, lo=0.0, required=True)
+            if sec.get("beta") == math.inf:  # the zero-temperature limit (hardmax attention)
+                _check_invertible(sec, B, w, "for beta = inf (the zero-temperature limit)")
+                beta = math.inf
+            else:
+                beta = _float(sec, "beta", w, lo=0.0, required=True)
             tol = _float(sec, "tol", w, default=1e-12, lo=0.0, hi=0.1, lo_open=True)
             method = _str(sec, "method", w, ATTENTION_METHODS, default="auto")
             return cls(t, B=B, V=V, beta=beta, tol=tol, method=method)
@@ -298,6 +313,10 @@ class ModelConfig:
 
     def build(self):
         if self.type == "zero_temperature":
+            from .models import ZeroTemperature
+
+            return ZeroTemperature(np.array(self.B), np.array(self.V))
+        if self.type == "attention" and self.beta == math.inf:
             from .models import ZeroTemperature
 
             return ZeroTemperature(np.array(self.B), np.array(self.V))
@@ -336,13 +355,28 @@ def vmf_density(x: np.ndarray, mean, kappa: float) -> np.ndarray:
     return c * np.exp(kappa * (x @ mu - 1.0))
 
 
+def perturbed_uniform(x, eps: float = 0.05) -> np.ndarray:
+    """The 5 % perturbed uniform density of the paper's studies on S^2 (fig3, fig4, appendix C):
+    (1 + eps (x_1 x_2 + x_2 + x_3 x_1 / 2)) / (4 pi), which breaks the reflection symmetries x_i -> -x_i of
+    the uniform density (whose solution then keeps them, and never leaves E). Mass 1 exactly, positive for
+    eps < 2/3."""
+    x = np.asarray(x, float)
+    return (1.0 + eps * (x[:, 0] * x[:, 1] + x[:, 1] + 0.5 * x[:, 2] * x[:, 0])) / (4 * np.pi)
+
+
 @dataclass(frozen=True)
 class InitialConfig:
-    """``[initial]``: ``type = "uniform"`` or ``"vmf_mixture"``.
+    """``[initial]``: ``type = "uniform"``, ``"vmf_mixture"`` or ``"perturbed_uniform"``.
 
     ``vmf_mixture``: f0 = uniform_weight / |S^(d-1)| + (1 - uniform_weight) sum_c w_c vMF(means_c, kappas_c)
     (a probability density; ``uniform_weight`` > 0 keeps it bounded below, as the minimal-density lemma
     assumes). ``weights`` default equal; they are normalised to sum 1.
+
+    ``perturbed_uniform`` (d = 3): :func:`perturbed_uniform` with ``eps`` in [0, 2/3) (default 0.05).
+
+    ``sample``: ``"average"`` (default) takes cell averages of f0 by the grid's quadrature (exact mass to
+    the quadrature error); ``"center"`` takes the point values at the cell centres (what the paper's
+    validation studies did: their records are reproduced bit for bit).
     """
 
     type: str = "uniform"
@@ -350,15 +384,26 @@ class InitialConfig:
     kappas: list | None = None
     weights: list | None = None
     uniform_weight: float | None = None
+    eps: float | None = None
+    sample: str | None = None  # None: "average" (kept out of the record, so older runs' hashes hold)
 
     @classmethod
     def parse(cls, sec: dict, d: int) -> "InitialConfig":
         w = "initial"
         t = _str(sec, "type", w, INITIAL_TYPES, default="uniform")
+        sample = _str(sec, "sample", w, INITIAL_SAMPLES, default="average")
+        sample = None if sample == "average" else sample
         if t == "uniform":
-            _check_keys(sec, ("type",), w)
-            return cls(t)
-        _check_keys(sec, ("type", "means", "kappas", "weights", "uniform_weight"), w)
+            _check_keys(sec, ("type", "sample"), w)
+            return cls(t, sample=sample)
+        if t == "perturbed_uniform":
+            _check_keys(sec, ("type", "eps", "sample"), w)
+            if d != 3:
+                raise ConfigError(f"{w}.type", t, "'uniform' or 'vmf_mixture' on S^%d (perturbed_uniform is "
+                                  "defined on S^2, d = 3)" % (d - 1))
+            eps = _float(sec, "eps", w, default=0.05, lo=0.0, hi=2.0 / 3.0, hi_open=True)
+            return cls(t, eps=eps, sample=sample)
+        _check_keys(sec, ("type", "means", "kappas", "weights", "uniform_weight", "sample"), w)
         means = _vector_list(sec, "means", w, d=d)
         c = len(means)
         kappas = _number_list(sec, "kappas", w, c, what="concentrations")
@@ -368,13 +413,17 @@ class InitialConfig:
         if sum(weights) <= 0:
             raise ConfigError(f"{w}.weights", sec["weights"], "weights >= 0 with a positive sum")
         uw = _float(sec, "uniform_weight", w, default=0.0, lo=0.0, hi=1.0)
-        return cls(t, means=means, kappas=kappas, weights=[x / sum(weights) for x in weights], uniform_weight=uw)
+        return cls(t, means=means, kappas=kappas, weights=[x / sum(weights) for x in weights], uniform_weight=uw,
+                   sample=sample)
 
     def density(self, d: int):
         """The initial density as a function ``f0(x) -> (n,)`` on S^(d-1)."""
         area = _sphere_area(d)
         if self.type == "uniform":
             return lambda x: np.full(np.asarray(x).shape[0], 1.0 / area)
+        if self.type == "perturbed_uniform":
+            eps = self.eps
+            return lambda x: perturbed_uniform(x, eps)
         comps = list(zip(self.means, self.kappas, self.weights))
         uw = self.uniform_weight or 0.0
 
@@ -388,9 +437,12 @@ class InitialConfig:
         return f0
 
     def build(self, grid) -> np.ndarray:
-        """Cell averages of f0 on ``grid`` (the uniform density exactly, others by grid quadrature)."""
+        """f0 on ``grid``: cell averages by grid quadrature (the uniform density exactly), or the values
+        at the cell centres (``sample = "center"``)."""
         if self.type == "uniform":
             return np.full(grid.n_cells, 1.0 / grid.total_area)
+        if self.sample == "center":
+            return np.asarray(self.density(grid.dim)(grid.centers), dtype=float)
         return grid.cell_average(self.density(grid.dim))
 
 
@@ -440,7 +492,8 @@ class TimeConfig:
 @dataclass(frozen=True)
 class SchemeConfig:
     """``[scheme]``: the numerical options, one key per field of :class:`spherepde.solver.Options`
-    (same names, same defaults; ``max_dt`` may be ``inf``)."""
+    (same names, same defaults; ``max_dt`` may be ``inf``; ``field_interval = 0`` is the default None,
+    the field recomputed at every stage, so that a scan can switch it off)."""
 
     scheme: str = "linear"
     limiter: str = "positivity"
@@ -472,7 +525,7 @@ class SchemeConfig:
             rtol=_float(sec, "rtol", w, default=d.rtol, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
             atol=_float(sec, "atol", w, default=d.atol, lo=0.0),
             max_dt=max_dt,
-            field_interval=_int(sec, "field_interval", w, minimum=1),
+            field_interval=_int(sec, "field_interval", w, minimum=0) or None,
             max_steps=_int(sec, "max_steps", w, default=d.max_steps, minimum=1),
         )
 

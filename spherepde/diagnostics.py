@@ -23,7 +23,7 @@ from .kernels.particles import launch, softmax_mean
 from .spectral import SpectralData, as_basis, lyapunov_vp, spectral_data
 from .wasserstein import wasserstein2
 
-__all__ = ["alignment", "interaction_energy", "concentration_diagnostics"]
+__all__ = ["alignment", "interaction_energy", "concentration_diagnostics", "transition_time", "exit_time"]
 
 logger = logging.getLogger(__name__)
 
@@ -160,3 +160,33 @@ def concentration_diagnostics(points, weights, B, V, p: float = 0.25, limit=None
         lp, lw = limit
         out["w2_limit"] = wasserstein2(x, w, lp, lw, cost=cost, **(wasserstein_kwargs or {}))
     return out
+
+
+def transition_time(t, align_E, align_F) -> float:
+    """The E-to-F transition time t_EF of a series of alignments (Figure 4 of the paper).
+
+    The first t > 0 at which int |P_F x|^2 drho_t exceeds int |P_E x|^2 drho_t *after* the E-alignment
+    has led at some earlier saved time, linearly interpolated between the saved times ``t``. At t = 0 from
+    the uniform rho_0 both are equal, so the lead is required. NaN if it does not happen in the window.
+    """
+    t, d = np.asarray(t, float), np.asarray(align_F, float) - np.asarray(align_E, float)
+    seen_E = False
+    for i in range(1, len(t)):
+        if d[i - 1] < 0:
+            seen_E = True
+        if seen_E and d[i - 1] <= 0 < d[i]:
+            return float(t[i - 1] + (t[i] - t[i - 1]) * (-d[i - 1]) / (d[i] - d[i - 1]))
+    return float("nan")
+
+
+def exit_time(t, align_E, level: float = 0.9) -> float:
+    """The end of the E-phase t_exit: the first saved-time crossing at which the E-alignment falls back
+    below ``level`` after having exceeded it (linearly interpolated); NaN if it does not happen."""
+    t, aE = np.asarray(t, float), np.asarray(align_E, float)
+    above = np.nonzero(aE > level)[0]
+    if len(above) == 0:
+        return float("nan")
+    for i in range(above[0] + 1, len(t)):
+        if aE[i] < level:
+            return float(t[i - 1] + (t[i] - t[i - 1]) * (aE[i - 1] - level) / (aE[i - 1] - aE[i]))
+    return float("nan")

@@ -145,3 +145,58 @@ def test_documented_examples_parse(path):
     c = load_config(path)
     assert c.time.t_end >= 0
     c.build_model()
+
+
+def test_beta_inf_is_the_zero_temperature_limit():
+    """A beta scan may include inf: the config builds ZeroTemperature (and checks B is invertible)."""
+    from spherepde.models import ZeroTemperature
+
+    cfg = cfg_with(BASE.replace('type = "zero_temperature"', 'type = "attention"\nbeta = inf'), base="")
+    m = cfg.build_model()
+    assert isinstance(m, ZeroTemperature)
+    np.testing.assert_array_equal(m.B, np.diag([-1.0, -1.0, 1.0]))
+    with pytest.raises(ConfigError) as e:
+        parse_config({"grid": {"type": "healpix", "nside": 2}, "time": {"t_end": 1.0},
+                      "model": {"type": "attention", "B": [1.0, 1.0, 0.0], "V": "paper", "beta": float("inf")}})
+    assert e.value.key == "model.B" and "beta = inf" in str(e.value)
+    with pytest.raises(ConfigError):  # -inf is no beta
+        parse_config({"grid": {"type": "healpix", "nside": 2}, "time": {"t_end": 1.0},
+                      "model": {"type": "attention", "B": "paper", "V": "paper", "beta": float("-inf")}})
+
+
+def test_field_interval_zero_is_every_stage():
+    raw = {"grid": {"type": "healpix", "nside": 2}, "time": {"t_end": 1.0},
+           "model": {"type": "zero_temperature", "B": "paper", "V": "paper"}, "scheme": {"field_interval": 0}}
+    assert parse_config(raw).options().field_interval is None
+    assert parse_config(raw).to_json() == parse_config({k: v for k, v in raw.items() if k != "scheme"}).to_json()
+    raw["scheme"]["field_interval"] = -1
+    with pytest.raises(ConfigError) as e:
+        parse_config(raw)
+    assert e.value.key == "scheme.field_interval"
+
+
+def test_perturbed_uniform_initial_density():
+    from spherepde.grids import HealpixGrid
+
+    raw = {"grid": {"type": "healpix", "nside": 8}, "time": {"t_end": 1.0},
+           "model": {"type": "zero_temperature", "B": "paper", "V": "paper"},
+           "initial": {"type": "perturbed_uniform"}}
+    g = HealpixGrid(8)
+    avg = parse_config(raw).build_initial(g)
+    raw["initial"]["sample"] = "center"
+    ctr = parse_config(raw).build_initial(g)
+    x = g.centers  # the studies' historical formula, written out: the centre sample reproduces it exactly
+    np.testing.assert_array_equal(ctr, (1.0 + 0.05 * (x[:, 0] * x[:, 1] + x[:, 1] + 0.5 * x[:, 2] * x[:, 0]))
+                                  / (4 * np.pi))
+    # the perturbation integrates to 0 exactly (odd terms), so the cell averages carry mass 1 to the
+    # quadrature's rounding; centre values only to O(h^2)
+    assert abs(avg @ g.areas - 1.0) < 1e-13
+    assert 1e-13 < np.abs(avg - ctr).max() < 1e-2 / 8**2 * 10
+    raw["initial"]["eps"] = 0.7  # > 2/3: the density could be negative
+    with pytest.raises(ConfigError) as e:
+        parse_config(raw)
+    assert e.value.key == "initial.eps"
+    raw["initial"] = {"type": "uniform", "eps": 0.1}
+    with pytest.raises(ConfigError) as e:
+        parse_config(raw)
+    assert e.value.key == "initial.eps"

@@ -12,6 +12,8 @@ import numpy as np
 
 from spherepde import (Attention, HealpixGrid, ZeroTemperature, alignment, limit_measure, solve,
                        spectral_data, wasserstein2_two_atoms)
+from spherepde.config import perturbed_uniform  # noqa: F401  (one definition; the studies import it from here)
+from spherepde.diagnostics import transition_time  # noqa: F401  (idem)
 from spherepde.solver import Options
 
 PAPER_B = np.diag([-1.0, -1.0, 1.0])
@@ -26,11 +28,6 @@ FIELD_TOL = 1e-10
 
 def model_for(B, V, beta):
     return ZeroTemperature(B, V) if beta == np.inf else Attention(B, V, float(beta), tol=FIELD_TOL)
-
-
-def perturbed_uniform(x, eps=0.05):
-    """A smooth positive density that breaks the reflection symmetries x_i -> -x_i of the uniform one."""
-    return (1.0 + eps * (x[:, 0] * x[:, 1] + x[:, 1] + 0.5 * x[:, 2] * x[:, 0])) / (4 * np.pi)
 
 
 #: The solver options of the density runs of fig3_density, fig4_concentration and appendix_c (the CFL
@@ -86,22 +83,6 @@ def measures(points, weights_rows, B, V, w2=True):
 
 def grid_measures(grid, density, B, V, w2=True):
     return measures(grid.centers, np.asarray(density) * grid.areas[None, :], B, V, w2=w2)
-
-
-def transition_time(t, aE, aF):
-    """First time the F-alignment exceeds the E-alignment *after* the E-alignment has risen above it.
-
-    At t = 0 (uniform rho_0) both equal 1/3; the crossing counted is the first t > 0 where aF - aE goes
-    from <= 0 to > 0 after aE > aF has held at some earlier saved time, linearly interpolated between
-    saved times. NaN if it never happens in the window."""
-    t, d = np.asarray(t, float), np.asarray(aF, float) - np.asarray(aE, float)
-    seen_E = False
-    for i in range(1, len(t)):
-        if d[i - 1] < 0:
-            seen_E = True
-        if seen_E and d[i - 1] <= 0 < d[i]:
-            return float(t[i - 1] + (t[i] - t[i - 1]) * (-d[i - 1]) / (d[i] - d[i - 1]))
-    return float("nan")
 
 
 def sphere_lonlat(x):

@@ -29,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from spherepde import Attention, sample_uniform, simulate_particles  # noqa: E402
+from spherepde.diagnostics import exit_time  # noqa: E402
 from validation.fig3_density.common import (PAPER_B, PAPER_V, grid_measures, machine, measures,  # noqa: E402
                                             options_record, options_text, run_density, transition_time)
 
@@ -42,17 +43,6 @@ EXTENDED = [(16, "perturbed", 30.0, 40.0), (16, "perturbed", 100.0, 50.0)]  # do
 
 def bkey(beta):
     return "inf" if beta == np.inf else f"{beta:g}"
-
-
-def exit_time(t, aE, level=0.9):
-    t, aE = np.asarray(t), np.asarray(aE)
-    above = np.nonzero(aE > level)[0]
-    if len(above) == 0:
-        return float("nan")
-    for i in range(above[0] + 1, len(t)):
-        if aE[i] < level:
-            return float(t[i - 1] + (t[i] - t[i - 1]) * (aE[i - 1] - level) / (aE[i - 1] - aE[i]))
-    return float("nan")
 
 
 def plan(quick, nsides):
