@@ -27,6 +27,7 @@ from .sampling import (sample_grid_density, sample_uniform, sample_vmf, sample_v
 from .solver import Options, Result, Solver, solve
 from .spectral import (SpectralData, limit_measure, lyapunov_vp, lyapunov_vp_uniform, projection, spectral_data,
                        vp_cell_averages)
+from .sweeps import load_sweep, open_sweep, sweep
 from .wasserstein import coarsen_measure, wasserstein2, wasserstein2_two_atoms
 
 __version__ = "0.1.0"
@@ -37,6 +38,6 @@ __all__ = [
     "coarsen_measure", "concentration_diagnostics", "exact_cell_averages", "exact_zero_temperature",
     "interaction_energy", "limit_measure", "load", "save_result", "write_fits", "lyapunov_vp", "particle_velocity", "projection",
     "sample_grid_density", "sample_uniform", "sample_vmf", "sample_vmf_mixture", "simulate_particles",
-    "solve", "spectral_data", "vmf_mean_resultant", "vp_cell_averages", "lyapunov_vp_uniform", "wasserstein2", "wasserstein2_two_atoms",
+    "solve", "spectral_data", "sweep", "open_sweep", "load_sweep", "vmf_mean_resultant", "vp_cell_averages", "lyapunov_vp_uniform", "wasserstein2", "wasserstein2_two_atoms",
     "__version__",
 ]

@@ -4,6 +4,8 @@ Commands
 --------
 spherepde run EXPERIMENT.toml [--output DIR] [--restart] [--no-figures]
     Run an experiment (resumes from DIR's checkpoint when there is one of the same configuration).
+spherepde sweep SWEEP.toml [--output DIR] [--workers N | --scheduler ADDRESS] [--restart] [--check]
+    Run a sweep (ensembles, parameter scans) on Dask; rerun to resume. See spherepde.sweeps.
 spherepde plot RESULTS.h5 [--output DIR] [--kinds maps diagnostics ...]
     Figures (and ``--fits``) from a results file, without re-running.
 spherepde validate [STUDY] [--quick] [--list]
@@ -11,7 +13,8 @@ spherepde validate [STUDY] [--quick] [--list]
 spherepde info
     Versions, Numba threads and threading layer, CPU count.
 
-Exit status: 0 on success, 2 for a bad configuration or usage, 1 for other failures.
+Exit status: 0 on success, 2 for a bad configuration or usage, 1 for other failures (for a sweep: a
+member failed).
 """
 from __future__ import annotations
 
@@ -40,6 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--restart", action="store_true", help="ignore an existing run in the output directory")
     r.add_argument("--no-figures", action="store_true", help="skip diagnostics post-processing and figures")
     r.add_argument("--check", action="store_true", help="validate the configuration and exit")
+
+    sw = sub.add_parser("sweep", help="run a sweep of experiments (axes of config values) on Dask")
+    sw.add_argument("spec", help="sweep file (TOML: a base experiment and axes), see docs/sweeps.md")
+    sw.add_argument("--output", "-o", help="sweep directory (default: output/<sweep name>)")
+    eng = sw.add_mutually_exclusive_group()
+    eng.add_argument("--workers", "-w", type=int, help="LocalCluster worker processes (default: one per core)")
+    eng.add_argument("--scheduler", help="address of a running Dask scheduler, e.g. tcp://10.0.0.1:8786")
+    sw.add_argument("--restart", action="store_true", help="rerun every member from the start")
+    sw.add_argument("--figures", action="store_true", help="per-member figures")
+    sw.add_argument("--check", action="store_true", help="validate the sweep and every member's configuration, "
+                    "list the members and exit")
 
     pl = sub.add_parser("plot", help="figures from a results file")
     pl.add_argument("results", help="results file (results.h5) or a results directory")
@@ -79,6 +93,31 @@ def _cmd_run(args) -> int:
     log.info("results: %s (%d saved times, %d steps, %.2f s)", out / "results.h5", len(result.times),
              result.n_steps, result.wall_time)
     return 0
+
+
+def _cmd_sweep(args) -> int:
+    from .sweeps import load_sweep, sweep
+
+    spec = load_sweep(args.spec)
+    if args.check:
+        members = spec.members()
+        print(f"{args.spec}: sweep {spec.name!r} is valid: {len(members)} members, dimensions "
+              + " x ".join(f"{a.dim} ({len(a)})" for a in spec.axes))
+        for m in members:
+            print(f"  {m.dirname}  {m.label()}")
+        return 0
+    if args.workers is not None and args.workers < 1:
+        raise _UsageError(f"--workers: got {args.workers}; allowed: an integer >= 1")
+    out = Path(args.output) if args.output else Path("output") / spec.name
+    ds = sweep(spec, out, workers=args.workers, scheduler=args.scheduler, progress=not args.quiet,
+               restart=args.restart, figures=True if args.figures else None, quiet=args.quiet)
+    n_failed = int((ds["status"] != "done").sum())
+    log.info("sweep dataset: %s", out / "sweep.nc")
+    return 1 if n_failed else 0
+
+
+class _UsageError(ValueError):
+    pass
 
 
 def _cmd_plot(args) -> int:
@@ -187,7 +226,7 @@ def _cmd_info(args) -> int:
     return 0
 
 
-_COMMANDS = {"run": _cmd_run, "plot": _cmd_plot, "validate": _cmd_validate, "info": _cmd_info}
+_COMMANDS = {"run": _cmd_run, "sweep": _cmd_sweep, "plot": _cmd_plot, "validate": _cmd_validate, "info": _cmd_info}
 
 
 def main(argv=None) -> int:
@@ -205,7 +244,7 @@ def main(argv=None) -> int:
     except ConfigError as exc:
         log.error("invalid configuration: %s", exc)
         return 2
-    except (FileNotFoundError, RunnerError) as exc:
+    except (FileNotFoundError, RunnerError, _UsageError) as exc:
         log.error("%s", exc)
         return 2
 
