@@ -252,7 +252,7 @@ def _flatten(table: dict, where: str, prefix: str = "") -> dict:
     return out
 
 
-def _axis_values(v, where: str) -> list:
+def _axis_values(v, where: str, unique: bool = True) -> list:
     allowed = ("a non-empty list of values, or a table {values = [...]}, {range = [start, stop(, step)]} "
                "(integers), {linspace = [start, stop, num]} or {geomspace = [start, stop, num]}")
     if isinstance(v, list):
@@ -276,7 +276,7 @@ def _axis_values(v, where: str) -> list:
     if not vals:
         raise ConfigError(where, v, allowed)
     keyed = [json.dumps(x, sort_keys=True) for x in vals]
-    if len(set(keyed)) != len(keyed):
+    if unique and len(set(keyed)) != len(keyed):
         raise ConfigError(where, v, "values without repetitions")
     return vals
 
@@ -355,10 +355,13 @@ def parse_sweep(source, base_dir=None, default_name: str = "sweep") -> SweepSpec
         flat = _flatten(table, f"zip.{zname}")
         if not flat:
             raise ConfigError(f"zip.{zname}", table, "at least one config key with a list of values")
-        vals = tuple(tuple(_axis_values(v, f"zip.{zname}.{k}")) for k, v in flat.items())
+        vals = tuple(tuple(_axis_values(v, f"zip.{zname}.{k}", unique=False)) for k, v in flat.items())
         if len({len(v) for v in vals}) != 1:
             raise ConfigError(f"zip.{zname}", {k: len(v) for k, v in zip(flat, vals)},
                               "lists of one length (the keys of a zip vary together)")
+        rows = [json.dumps(r, sort_keys=True) for r in zip(*vals)]
+        if len(set(rows)) != len(rows):
+            raise ConfigError(f"zip.{zname}", table, "combinations without repetitions")
         axes.append(Axis(dim=zname, keys=tuple(flat), values=vals))
     for a in axes:
         for k in a.keys:
@@ -534,10 +537,7 @@ def run_member(config_text: str, directory: str, key: str, threads: int | None =
                 raise RuntimeError("the member's configuration does not match its key (different spherepde "
                                    "version on the worker?)")
             result = run_experiment(cfg, d, figures=False)
-            postprocess(result, cfg, d, figures=figures)  # concentration diagnostics (+ figures)
-            from .io import load
-
-            result = load(d / "results.h5")
+            postprocess(result, cfg, d, figures=figures)  # concentration diagnostics into the result and file
             rec = {"key": key, "status": "done", "error": "", **member_record(result, cfg)}
             _write_json_atomic(d / RECORD_NAME, rec)
             return rec
@@ -590,9 +590,20 @@ def _client(workers, scheduler, threads=None):
         logger = logging.getLogger(name)
         if logger.getEffectiveLevel() < logging.WARNING:
             logger.setLevel(logging.WARNING)
-    with dask.config.set({"distributed.worker.daemon": False}):
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, env=env,
-                               dashboard_address=":0", silence_logs=logging.ERROR)
+    import multiprocessing
+
+    hint = ("the LocalCluster's worker processes are started with multiprocessing's spawn method, which "
+            "imports the calling script again: in a script, call spherepde.sweep under "
+            "`if __name__ == \"__main__\":`")
+    if multiprocessing.parent_process() is not None and multiprocessing.current_process().name.startswith("Dask"):
+        raise RuntimeError(f"spherepde.sweep called while a Dask worker process starts: {hint}")
+    try:
+        with dask.config.set({"distributed.worker.daemon": False}):
+            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, env=env,
+                                   dashboard_address=":0", silence_logs=logging.ERROR)
+    except RuntimeError as exc:
+        raise RuntimeError(f"could not start a LocalCluster of {n} workers ({exc}); if this is a script, {hint}") \
+            from exc
     try:
         with Client(cluster) as client:
             yield client, threads
@@ -734,6 +745,17 @@ def _coord_array(values):
     return np.array([json.dumps(v, sort_keys=True) for v in values], dtype=object)
 
 
+def _zip_coord_name(spec: SweepSpec, axis: Axis, key: str) -> str:
+    """A zip key's coordinate: its last component when that names the zip's dimension (then it is the
+    dimension's index, ``ds.sel(beta=100.0)``) or nothing else; else the key with '_' for '.'."""
+    short = key.split(".")[-1]
+    if short == axis.dim:
+        return short
+    shorts = [k.split(".")[-1] for a in spec.axes for k in a.keys]
+    taken = {a.dim for a in spec.axes} | set(FRAME_VARS) | set(SCALAR_VARS) | set(STRING_VARS) | {"time"}
+    return short if shorts.count(short) == 1 and short not in taken else key.replace(".", "_")
+
+
 def build_dataset(spec: SweepSpec, members: list, records: dict, out: Path):
     """The sweep's xarray.Dataset from the members' records (see the module docstring)."""
     import xarray as xr
@@ -764,7 +786,7 @@ def build_dataset(spec: SweepSpec, members: list, records: dict, out: Path):
                                        "axis": "T"})}
     for a in spec.axes:
         for k, vals in zip(a.keys, a.values):
-            name = a.dim if len(a.keys) == 1 else k.replace(".", "_")
+            name = a.dim if len(a.keys) == 1 else _zip_coord_name(spec, a, k)
             attrs = {"config_key": k, "long_name": f"experiment config key {k}"}
             arr = _coord_array(list(vals))
             if arr.dtype != object:
