@@ -22,6 +22,7 @@ test: $(STAMP)
 run: $(STAMP)
 	$(PY) -m spherepde.experiments.default --output output/default
 
+# the scan studies run on a LocalCluster; DASK_SCHEDULER_ADDRESS=tcp://host:8786 make validate uses a cluster
 validate: $(STAMP)
 	$(PY) -m validation.run_all
 

@@ -5,6 +5,11 @@ mode, one subprocess each, in name order), records its wall time and exit status
 docs/validation.md from each study's results.md (or, for studies without one, its other *.md report, else
 its README.md) and figures (*.png; *.gif linked), with the machine and the wall times.
 
+The studies run one after another (several time themselves and need a quiet machine); the scan
+studies run their members as sweeps on Dask (``spherepde.sweep``: fig4_concentration, whose 30 + 2
+members are the bulk of the run): on a LocalCluster of one worker per core by default, or on a running
+Dask cluster with ``DASK_SCHEDULER_ADDRESS=tcp://host:8786 make validate``.
+
 Options: ``--skip-run`` rebuilds the report from what is on disk (wall times then come from each
 study's results.json ``wall_total_s`` where present); ``--only NAME ...`` runs only those studies (the
 report still covers all).
