@@ -10,9 +10,14 @@ Derived numbers:
 - slopes of t_EF and t_exit against log(beta) (least squares over the finite betas where defined).
 - min_t W2(rho_t, Pi#rho_0) against beta, next to Theorem 1's scale sqrt(log(beta+1)/beta).
 
-Usage: ``python validation/fig4_concentration/run.py [--quick] [--nside N ...] [--report-only]``.
-Each density run is cached in runs/ (json) so the study can be run in pieces (--nside, --extended: these
-reuse cached runs) and assembled (--report-only); the full mode in one piece recomputes every run.
+Usage: ``python validation/fig4_concentration/run.py [--quick] [--nside N ...] [--report-only]
+[--workers N | --scheduler ADDRESS] [--fresh]``.
+The density runs are the members of the sweeps in sweeps/*.toml, run with spherepde.sweep on Dask (a
+LocalCluster, or the cluster of --scheduler / DASK_SCHEDULER_ADDRESS) into sweep_runs/ (not committed);
+a rerun of a piece resumes them (finished members are skipped; --fresh reruns all), the full mode in one
+piece reruns every member unless --resume. Each member's record is written
+to runs/<key>.json, so the study can be run in pieces (--nside, --extended) and assembled
+(--report-only).
 Writes results.md, results.json, curves.png, transition.png, minw2.png (quick: *_quick.*).
 """
 from __future__ import annotations
@@ -31,7 +36,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 from spherepde import Attention, sample_uniform, simulate_particles  # noqa: E402
 from spherepde.diagnostics import exit_time  # noqa: E402
 from validation.fig3_density.common import (PAPER_B, PAPER_V, grid_measures, machine, measures,  # noqa: E402
-                                            options_record, options_text, run_density, transition_time)
+                                            options_record, options_text, transition_time)
 
 BETAS = (30.0, 100.0, 300.0, 1000.0, np.inf)
 T_END = 20.0
@@ -45,59 +50,76 @@ def bkey(beta):
     return "inf" if beta == np.inf else f"{beta:g}"
 
 
-def plan(quick, nsides):
-    """(nside, f0, beta) runs of the study."""
+SWEEPS = Path(__file__).resolve().parent / "sweeps"
+
+
+def sweep_specs(quick, nsides):
+    """The sweeps of the study (spherepde.sweeps): main (nside 8-32, both f0, five betas), n64 (perturbed,
+    beta 30 and 100) and extended (nside 16, perturbed, beta 30 / 100 to T = 40 / 50), restricted to
+    ``nsides``; quick: nside 6, uniform f0, beta 100 and inf, T = 3."""
+    import tomllib
+
+    from spherepde.sweeps import parse_sweep
+
     if quick:
-        return [(6, "uniform", 100.0), (6, "uniform", np.inf)]
-    runs = []
-    for n in nsides:
-        runs += [(n, f0, b) for f0 in ("perturbed", "uniform") for b in BETAS[::-1]]
-    return runs
+        base = tomllib.loads((SWEEPS / "base.toml").read_text())
+        return [parse_sweep({"sweep": {"name": "fig4_quick"}, "base": base,
+                             "set": {"grid.nside": 6, "initial.type": "uniform", "time.t_end": 3.0},
+                             "zip": {"beta": {"model.beta": [100.0, np.inf], "scheme.field_interval": [10, 0]}}})]
+    specs = []
+    main_n = [n for n in nsides if n in (8, 16, 32)]
+    if main_n:
+        raw = tomllib.loads((SWEEPS / "main.toml").read_text())
+        raw["axes"]["grid.nside"] = main_n
+        specs.append(parse_sweep(raw, base_dir=SWEEPS))
+    if 64 in nsides:
+        specs.append(parse_sweep((SWEEPS / "n64.toml").read_text(), base_dir=SWEEPS))
+    return specs
 
 
-def density_run(nside, f0, beta, t_end, cache_dir, fresh=False):
-    """One run's record; read from the cache unless ``fresh`` (the full mode in one piece recomputes)."""
-    key = f"n{nside}_{f0}_b{bkey(beta)}_T{t_end:g}"
-    path = cache_dir / f"{key}.json"
-    if path.exists() and not fresh:
-        return json.loads(path.read_text())
-    save = np.round(np.arange(0.0, t_end + 1e-9, DT_SAVE), 10)
-    fig3 = HERE.parent / "fig3_density" / f"density_n{nside}.npz"
-    rec = None
-    if f0 == "uniform" and beta == 100.0 and t_end == T_END and fig3.exists():
-        z = np.load(fig3)  # same settings (cfl 0.8, field_interval 10): reuse fig3's run
-        if np.allclose(z["times"], save):
-            from spherepde import HealpixGrid
+def member_rec(m, result, wall):
+    """The study's record of one member (the keys of the records in runs/, as before the port)."""
+    cfg = m.config
+    nside, t_end = cfg.grid.nside, cfg.time.t_end
+    f0 = "perturbed" if cfg.initial.type == "perturbed_uniform" else "uniform"
+    beta = cfg.model.beta
+    save = np.asarray(result.times)
+    g = result.grid
+    meas = grid_measures(g, result.density, PAPER_B, PAPER_V)
+    dg = result.diagnostics
+    rec = {"wall_s": wall, "steps": result.n_steps, "max_f": result.density.max(axis=1).tolist(),
+           "mass_drift": float(abs(dg["mass"][-1] / dg["mass"][0] - 1)), "min_density": float(dg["min"].min()),
+           "engine": "spherepde.sweep", "member_key": m.key,
+           "nside": nside, "f0": f0, "beta": bkey(beta), "times": save.tolist(),
+           **{k: v.tolist() for k, v in meas.items()}}
+    rec["t_EF"] = transition_time(save, meas["align_E"], meas["align_F"])
+    rec["t_exit"] = exit_time(save, meas["align_E"])
+    rec["min_W2"] = float(np.min(meas["W2"]))
+    rec["argmin_W2"] = float(save[int(np.argmin(meas["W2"]))])
+    return f"n{nside}_{f0}_b{bkey(beta)}_T{t_end:g}", rec
 
-            g = HealpixGrid(nside)
-            m = grid_measures(g, z["density"].astype(float), PAPER_B, PAPER_V)
-            fig3r = json.loads((fig3.parent / "results.json").read_text())
-            rec = {"wall_s": fig3r["wall_density_s"], "steps": fig3r["steps"], "reused": "fig3_density",
-                   "max_f": z["density"].max(axis=1).astype(float).tolist()}
-    fig3j = HERE.parent / "fig3_density" / "results.json"
-    if rec is None and f0 == "perturbed" and beta == 100.0 and t_end == T_END and fig3j.exists():
-        fr = json.loads(fig3j.read_text())  # fig3's perturbed run has the same settings: reuse it
-        if fr.get("nside") == nside and fr.get("perturbed") and np.allclose(fr["times"], save):
-            m = {k: np.asarray(fr["perturbed"][k]) for k in ("align_E", "align_F", "align_Fabs", "W2")}
-            rec = {"wall_s": fr["perturbed"]["wall_s"], "steps": fr["perturbed"]["steps"],
-                   "reused": "fig3_density", "max_f": None}
-    if rec is None:
-        g, r, wall = run_density(nside, PAPER_B, PAPER_V, beta, t_end, save, f0=f0)
-        m = grid_measures(g, r.density, PAPER_B, PAPER_V)
-        rec = {"wall_s": wall, "steps": r.n_steps, "max_f": r.density.max(axis=1).tolist(),
-               "mass_drift": float(abs(r.diagnostics["mass"][-1] / r.diagnostics["mass"][0] - 1)),
-               "min_density": float(r.diagnostics["min"].min())}
-    rec.update({"nside": nside, "f0": f0, "beta": bkey(beta), "times": save.tolist(),
-                **{k: v.tolist() for k, v in m.items()}})
-    rec["t_EF"] = transition_time(save, m["align_E"], m["align_F"])
-    rec["t_exit"] = exit_time(save, m["align_E"])
-    rec["min_W2"] = float(np.min(m["W2"]))
-    rec["argmin_W2"] = float(save[int(np.argmin(m["W2"]))])
-    cache_dir.mkdir(exist_ok=True)
-    path.write_text(json.dumps(rec))
-    print(f"{key}: {rec['wall_s']:.1f} s, t_EF {rec['t_EF']:.2f}, t_exit {rec['t_exit']:.2f}, "
-          f"min W2 {rec['min_W2']:.4f}", flush=True)
-    return rec
+
+def run_sweeps(specs, cache_dir, workers=None, scheduler=None, fresh=False):
+    """Run the sweeps on Dask (resuming what sweep_runs/ holds unless ``fresh``), then write each
+    member's record to ``cache_dir``; returns the records."""
+    from spherepde import load, sweep
+
+    recs = []
+    for spec in specs:
+        out = HERE / "sweep_runs" / spec.name  # the members' run directories: not committed
+        ds = sweep(spec, out, workers=workers, scheduler=scheduler, restart=fresh)
+        bad = [str(e) for e in ds.error.values.ravel() if e]
+        if bad:
+            raise RuntimeError(f"sweep {spec.name}: {len(bad)} members failed: {bad[0]}")
+        for m in spec.members():
+            r = load(out / "members" / m.dirname / "results.h5")
+            key, rec = member_rec(m, r, float(r.wall_time))
+            cache_dir.mkdir(exist_ok=True)
+            (cache_dir / f"{key}.json").write_text(json.dumps(rec))
+            print(f"{key}: {rec['wall_s']:.1f} s, t_EF {rec['t_EF']:.2f}, t_exit {rec['t_exit']:.2f}, "
+                  f"min W2 {rec['min_W2']:.4f}", flush=True)
+            recs.append(rec)
+    return recs
 
 
 def particle_runs(betas, seeds, t_end):
@@ -138,31 +160,34 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--nside", type=int, nargs="*", default=None, help="only these resolutions")
     ap.add_argument("--report-only", action="store_true", help="only assemble what runs/ holds")
-    ap.add_argument("--extended", action="store_true", help="only the long runs (EXTENDED)")
+    ap.add_argument("--extended", action="store_true", help="only the long runs (sweeps/extended.toml)")
+    ap.add_argument("--fresh", action="store_true", help="rerun every member (the default of the full mode "
+                    "in one piece, as make validate runs it; pieces resume their sweeps)")
+    ap.add_argument("--resume", action="store_true", help="full mode: resume the sweeps instead of rerunning")
+    eng = ap.add_mutually_exclusive_group()
+    eng.add_argument("--workers", type=int, default=None, help="LocalCluster workers (default: one per core)")
+    eng.add_argument("--scheduler", default=None, help="a running Dask scheduler (or DASK_SCHEDULER_ADDRESS)")
     a = ap.parse_args(argv)
+    from spherepde.sweeps import load_sweep
+
+    # a member is keyed by its configuration only, so results of older code would be reused: the full
+    # mode in one piece (make validate) reruns everything unless --resume; pieces resume
+    full = not (a.quick or a.nside or a.report_only or a.extended)
+    engine = {"workers": a.workers, "scheduler": a.scheduler, "fresh": a.fresh or ((full or a.quick) and not a.resume)}
     if a.extended:
-        for n, f0, b, T in EXTENDED:
-            density_run(n, f0, b, T, HERE / "runs")
+        run_sweeps([load_sweep(SWEEPS / "extended.toml")], HERE / "runs", **engine)
         return
     sfx = "_quick" if a.quick else ""
     t_end = 3.0 if a.quick else T_END
     cache = HERE / ("runs_quick" if a.quick else "runs")
-    runs = plan(a.quick, a.nside or NSIDES)
-    fresh = not (a.nside or a.report_only)  # quick, or full mode in one piece: recompute everything
-    recs = []
-    for n, f0, b in runs:
-        key = cache / f"n{n}_{f0}_b{bkey(b)}_T{t_end:g}.json"
-        if a.report_only and not key.exists():
-            continue
-        recs.append(density_run(n, f0, b, t_end, cache, fresh=fresh))
-    if a.nside and not a.quick:
-        return  # a piece of the full study; assemble with --report-only
-    if not a.quick:
-        for n, f0, b, T in EXTENDED:
-            if not a.report_only or (cache / f"n{n}_{f0}_b{bkey(b)}_T{T:g}.json").exists():
-                density_run(n, f0, b, T, cache, fresh=fresh)
-        # include every cached run
-        recs = [json.loads(p.read_text()) for p in sorted(cache.glob("*.json"))]
+    if not a.report_only:
+        run_sweeps(sweep_specs(a.quick, a.nside or NSIDES), cache, **engine)
+        if a.nside and not a.quick:
+            return  # a piece of the full study; assemble with --report-only
+        if not a.quick:
+            run_sweeps([load_sweep(SWEEPS / "extended.toml")], cache, **engine)
+    # every record in the cache (the nside 64 runs not in sweeps/n64.toml come from runs_pre_issue15/)
+    recs = [json.loads(p.read_text()) for p in sorted(cache.glob("*.json"))]
     extended = [r for r in recs if abs(r["times"][-1] - t_end) > 1e-9]
     recs = [r for r in recs if abs(r["times"][-1] - t_end) <= 1e-9]
     tp = time.perf_counter()
@@ -170,14 +195,14 @@ def main(argv=None):
     wall_p = time.perf_counter() - tp
     res = analyse(recs, parts, t_end)
     res.update({"study": "fig4_concentration", "t_end": t_end, "machine": machine(), "wall_particles_s": wall_p,
-                "options": options_record(),
+                "options": options_record(), "engine": "spherepde.sweep (sweeps/*.toml) on Dask",
                 "wall_density_runs_s": float(sum(r["wall_s"] for r in recs + extended if "reused" not in r))})
     for n in sorted({r["nside"] for r in extended}):
         sel = [r for r in extended if r["nside"] == n and r["beta"] != "inf"]
         s_, c_ = fit_slope([float(r["beta"]) for r in sel], [r["t_EF"] for r in sel])
         res["slopes"][f"density n{n} perturbed t_EF (extended runs)"] = {
             "slope": s_, "intercept": c_, "n_points": int(sum(np.isfinite([r["t_EF"] for r in sel])))}
-    # the study's cost: every density run (cached or not; runs reused from fig3 excluded) + tokens + assembly
+    # the study's cost: every density run (cached or not) + tokens + assembly
     res["wall_total_s"] = res["wall_density_runs_s"] + (time.perf_counter() - tp)
     (HERE / f"results{sfx}.json").write_text(json.dumps({**res, "runs": recs, "particles": parts,
                                                          "extended": extended}))
@@ -231,6 +256,10 @@ def write_md(res, recs, sfx, extended=()):
     L = ["# Figure 4 at density level: W2 to Pi#rho_0, alignment with E and F, beta in {30, 100, 300, 1000, inf}", "",
          f"T = {res['t_end']:g}; HEALPix, {options_text()}; machine: {res['machine']}; "
          f"density runs {res['wall_density_runs_s']:.0f} s in all, particle runs {res['wall_particles_s']:.0f} s.", "",
+         f"Density runs: {sum(1 for r in list(recs) + list(extended) if r.get('engine') == 'spherepde.sweep')} as "
+         "members of the sweeps in sweeps/*.toml (spherepde.sweep on Dask), "
+         f"{sum(1 for r in list(recs) + list(extended) if r.get('engine') != 'spherepde.sweep')} from the serial "
+         "path before the port (nside 64; the port reproduces those records, see README.md).", "",
          "t_EF: first t with int|P_F x|^2 > int|P_E x|^2 after E led; t_exit: first t with int|P_E x|^2 < 0.9 after "
          "it exceeded 0.9; 'none' = not by T.", "",
          "![curves](curves%s.png)" % sfx, "", "![transition](transition%s.png)" % sfx, "", "![minW2](minw2%s.png)" % sfx, "",
