@@ -22,7 +22,7 @@ Sections (see ``docs/user_guide.md`` and ``docs/examples/*.toml``)::
                      the zero-temperature limit)
                      | "prescribed_rotation" (axis, omega) | "prescribed_linear" (M)
     [initial]   type = "uniform" | "vmf_mixture" (means, kappas, weights, uniform_weight)
-                     | "perturbed_uniform" (eps); sample = "average" (default) | "center"
+                     | "perturbed_uniform" (eps) | "quadratic" (Q, b); sample = "average" | "center"
     [time]      t_end, and save_every or save_at
     [scheme]    scheme, limiter, stepper, cfl, field_interval, max_steps  -> spherepde.solver.Options
     [output]    checkpoint_every (seconds), fits, plots, diagnostics_p
@@ -70,7 +70,7 @@ PLOTS = ("maps", "diagnostics", "concentration", "animation", "particles")
 
 GRID_TYPES = ("healpix", "tensor")
 MODEL_TYPES = ("zero_temperature", "attention", "prescribed_rotation", "prescribed_linear")
-INITIAL_TYPES = ("uniform", "vmf_mixture", "perturbed_uniform")
+INITIAL_TYPES = ("uniform", "vmf_mixture", "perturbed_uniform", "quadratic")
 INITIAL_SAMPLES = ("average", "center")
 ATTENTION_METHODS = ("auto", "direct", "pruned", "spectral")
 
@@ -374,6 +374,12 @@ class InitialConfig:
 
     ``perturbed_uniform`` (d = 3): :func:`perturbed_uniform` with ``eps`` in [0, 2/3) (default 0.05).
 
+    ``quadratic``: the uniform density times a polynomial of degree 2,
+    f0 = (1 + x^T Q x - tr(Q)/d + b . x) / |S^(d-1)| (``Q`` a d x d matrix, used symmetrised, default 0;
+    ``b`` a d-vector, default 0): a probability density exactly (int x_i x_j = delta_ij |S|/d), refused
+    unless 1 - tr(Q)/d + lambda_min(Q) - |b| > 0, a bound that keeps it positive. E.g. the minimal-density
+    study's (1 + 0.3 x1 x2) / (4 pi) is ``Q = [[0, 0.15, 0], [0.15, 0, 0], [0, 0, 0]]``.
+
     ``sample``: ``"average"`` (default) takes cell averages of f0 by the grid's quadrature (exact mass to
     the quadrature error); ``"center"`` takes the point values at the cell centres (what the paper's
     validation studies did: their records are reproduced bit for bit).
@@ -385,6 +391,8 @@ class InitialConfig:
     weights: list | None = None
     uniform_weight: float | None = None
     eps: float | None = None
+    Q: list | None = None
+    b: list | None = None
     sample: str | None = None  # None: "average" (kept out of the record, so older runs' hashes hold)
 
     @classmethod
@@ -403,6 +411,23 @@ class InitialConfig:
                                   "defined on S^2, d = 3)" % (d - 1))
             eps = _float(sec, "eps", w, default=0.05, lo=0.0, hi=2.0 / 3.0, hi_open=True)
             return cls(t, eps=eps, sample=sample)
+        if t == "quadratic":
+            _check_keys(sec, ("type", "Q", "b", "sample"), w)
+            Q = _matrix(sec, "Q", w, required=False)
+            Q = np.zeros((d, d)) if Q is None else np.array(Q)
+            if Q.shape != (d, d):
+                raise ConfigError(f"{w}.Q", sec["Q"], f"a {d} x {d} matrix (the grid's dimension)")
+            Q = 0.5 * (Q + Q.T)
+            b = sec.get("b", [0.0] * d)
+            if not (isinstance(b, list) and len(b) == d and all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in b)):
+                raise ConfigError(f"{w}.b", sec["b"], f"a vector of {d} finite numbers")
+            b = np.array(b, dtype=float)
+            margin = 1.0 - np.trace(Q) / d + float(np.linalg.eigvalsh(Q)[0]) - float(np.linalg.norm(b))
+            if not margin > 0:
+                raise ConfigError(f"{w}.Q", sec.get("Q"), "a perturbation that keeps f0 > 0: 1 - tr(Q)/d + "
+                                  f"lambda_min(Q) - |b| > 0 (here {margin:.3g})")
+            return cls(t, Q=Q.tolist(), b=b.tolist(), sample=sample)
         _check_keys(sec, ("type", "means", "kappas", "weights", "uniform_weight", "sample"), w)
         means = _vector_list(sec, "means", w, d=d)
         c = len(means)
@@ -424,6 +449,15 @@ class InitialConfig:
         if self.type == "perturbed_uniform":
             eps = self.eps
             return lambda x: perturbed_uniform(x, eps)
+        if self.type == "quadratic":
+            Q, b = np.array(self.Q), np.array(self.b)
+            c = 1.0 - np.trace(Q) / d
+
+            def fq(x):
+                x = np.asarray(x, float)
+                return (c + np.einsum("ni,ij,nj->n", x, Q, x) + x @ b) / area
+
+            return fq
         comps = list(zip(self.means, self.kappas, self.weights))
         uw = self.uniform_weight or 0.0
 

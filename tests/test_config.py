@@ -200,3 +200,33 @@ def test_perturbed_uniform_initial_density():
     with pytest.raises(ConfigError) as e:
         parse_config(raw)
     assert e.value.key == "initial.eps"
+
+
+def test_quadratic_initial_density_is_normalised_and_checked():
+    from spherepde.grids import HealpixGrid, TensorGrid
+
+    raw = {"grid": {"type": "healpix", "nside": 8}, "time": {"t_end": 1.0},
+           "model": {"type": "zero_temperature", "B": "paper", "V": "paper"},
+           "initial": {"type": "quadratic", "Q": [[0.0, 0.15, 0.0], [0.15, 0.0, 0.0], [0.0, 0.0, 0.0]]}}
+    g = HealpixGrid(8)
+    x = g.centers
+    cfg = parse_config(raw)
+    # the minimal-density study's f0 = (1 + 0.3 x1 x2) / (4 pi), to rounding
+    np.testing.assert_allclose(cfg.initial.density(3)(x), (1 + 0.3 * x[:, 0] * x[:, 1]) / (4 * np.pi), rtol=1e-15)
+    # a trace and a linear part: still mass 1 (the -tr(Q)/d term), to the grid quadrature's accuracy
+    raw["initial"] = {"type": "quadratic", "Q": [0.2, -0.1, 0.3], "b": [0.1, 0.0, -0.2]}
+    f = parse_config(raw).build_initial(g)
+    assert abs(f @ g.areas - 1.0) < 1e-12 and f.min() > 0
+    # S^1 (d = 2): (1 + x^T Q x - tr Q / 2) / (2 pi) integrates to 1 as well
+    t = TensorGrid(2, 64)
+    raw2 = {"grid": {"type": "tensor", "d": 2, "n": 64}, "time": {"t_end": 1.0},
+            "model": {"type": "zero_temperature", "B": [1.0, 1.0], "V": [1.0, -1.0]},
+            "initial": {"type": "quadratic", "Q": [[0.3, 0.1], [0.1, -0.2]]}}
+    assert abs(parse_config(raw2).build_initial(t) @ t.areas - 1.0) < 1e-12
+    for bad, key in ((dict(Q=[[0.0, 1.2, 0.0], [1.2, 0.0, 0.0], [0.0, 0.0, 0.0]]), "initial.Q"),  # not positive
+                     (dict(Q=[[1.0, 0.0], [0.0, 1.0]]), "initial.Q"),                               # wrong size
+                     (dict(b=[0.1, 0.2]), "initial.b"), (dict(b="x"), "initial.b")):
+        raw["initial"] = {"type": "quadratic", **bad}
+        with pytest.raises(ConfigError) as e:
+            parse_config(raw)
+        assert e.value.key == key, (bad, str(e.value))

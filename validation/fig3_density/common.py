@@ -7,6 +7,7 @@ masses from ``limit_measure`` of the *initial* grid measure.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -95,3 +96,41 @@ def machine():
     import platform
 
     return f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def density_config(nside, B, V, beta, t_end, save_at, f0="uniform", field_interval=FIELD_INTERVAL, cfl=CFL) -> dict:
+    """The experiment configuration (a raw dict) of :func:`run_density`'s run: what a sweep member runs."""
+    inf = beta == np.inf
+    return {"name": "density_run",
+            "grid": {"type": "healpix", "nside": int(nside)},
+            "model": {"type": "attention", "B": np.asarray(B, float).tolist(), "V": np.asarray(V, float).tolist(),
+                      "beta": float(beta), "tol": FIELD_TOL},
+            "initial": {"type": "perturbed_uniform" if f0 == "perturbed" else "uniform", "sample": "center"},
+            "time": {"t_end": float(t_end), "save_at": [float(s) for s in save_at]},
+            "scheme": {"cfl": float(cfl), "field_interval": 0 if inf or field_interval is None else int(field_interval)},
+            "output": {"plots": []}}
+
+
+def run_density_sweep(name, runs, out, workers=None, scheduler=None):
+    """:func:`run_density` for many runs at once, as the members of one sweep on Dask (spherepde.sweep: a
+    LocalCluster, or ``scheduler`` / DASK_SCHEDULER_ADDRESS), always from the start (members are keyed by
+    their configuration, not by the code). ``runs``: dicts of run_density's arguments. Returns
+    [(grid, Result, solver wall seconds)] in the order of ``runs``; the results files stay in ``out``."""
+    from spherepde import load, sweep
+    from spherepde.sweeps import parse_sweep
+
+    raws = [density_config(**r) for r in runs]
+    keys = [(sec, k) for sec in ("grid", "model", "initial", "time", "scheme") for k in raws[0][sec]]
+    zipped = {f"{sec}.{k}": [r[sec][k] for r in raws] for sec, k in keys
+              if any(r[sec][k] != raws[0][sec][k] for r in raws)}
+    spec = parse_sweep({"sweep": {"name": name}, "base": raws[0], "zip": {"run": zipped}} if zipped else
+                       {"sweep": {"name": name}, "base": raws[0], "axes": {"name": ["density_run"]}})
+    ds = sweep(spec, out, workers=workers, scheduler=scheduler, restart=True)
+    bad = [e for e in ds.error.values.ravel() if e]
+    if bad:
+        raise RuntimeError(f"sweep {name}: {len(bad)} members failed: {bad[0]}")
+    outs = []
+    for m in spec.members():
+        r = load(Path(out) / "members" / m.dirname / "results.h5")
+        outs.append((r.grid, r, float(r.wall_time)))
+    return outs
