@@ -102,6 +102,10 @@ def test_spec_axes_generators_zip_and_dimension_names():
     np.testing.assert_allclose([m.config.scheme.rtol for m in ms[:6:2]], [1e-4, 1e-3, 1e-2])
     assert ms[1].config.grid.nside == 4 and ms[1].config.time.t_end == 2.0  # the zip varies together
     assert all(m.config.scheme.cfl == 0.3 for m in ms)  # [set] applies to every member
+    # within a zip one key may repeat values as long as the combinations differ; a zip key named like
+    # its table is the dimension's index coordinate
+    z = parse_sweep(spec.text.replace('"grid.nside" = [2, 4]', '"scheme.field_interval" = [4, 4]'))
+    assert [m.config.scheme.field_interval for m in z.members()[:2]] == [4, 4]
     # the recorded text is a sweep file that reads back to the same members
     again = parse_sweep(spec.text)
     assert [m.key for m in again.members()] == [m.key for m in ms]
@@ -112,6 +116,7 @@ def test_spec_axes_generators_zip_and_dimension_names():
     ('[axes]\n"model.beta" = [1.0, 1.0]', "axes.model.beta"),
     ('[axes]\n"model.beta" = {range = [0.5, 2]}', "axes.model.beta"),
     ('[zip.c]\n"model.beta" = [1.0, 2.0]\n"grid.nside" = [2]', "zip.c"),
+    ('[zip.c]\n"model.beta" = [1.0, 1.0]\n"grid.nside" = [2, 2]', "zip.c"),  # a repeated combination
     ('[axes]\n"model.beta" = [1.0, -1.0]', "model.beta"),          # a member's config is invalid
     ('[axes]\n"model.betta" = [1.0, 2.0]', "model.betta"),          # unknown config key
     ('[set]\n"model.beta" = 2.0\n[axes]\n"model.beta" = [1.0, 3.0]', "model.beta"),  # set twice
@@ -340,3 +345,11 @@ def test_cli_check_lists_members_and_bad_input_is_one_line(tmp_path):
     assert p.returncode == 2 and "model.beta" in p.stderr and "sweep member" in p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "output").exists()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "docs" / "examples" / "sweeps").glob("*.toml"))
+                         + sorted((ROOT / "validation" / "fig4_concentration" / "sweeps").glob("[!b]*.toml")),
+                         ids=lambda p: p.name)
+def test_shipped_sweep_files_validate(path):
+    spec = load_sweep(path)
+    assert len(spec.members()) >= 2

@@ -13,8 +13,9 @@ a non-symmetric V B^T, and a search for a diagonal pair whose terminal phase goe
   5 % perturbed f0, T = 20, coarse grid; the terminal alignment with F and F_abs is compared, with a
   200-token run of each pair as a cross-check; the pair with the largest F_abs alignment is rerun finer.
 
-Usage: ``python validation/appendix_c/run.py [--quick]``; writes results.md, results.json, energy.png,
-nonsym.png, fabs.png (quick: *_quick.*).
+Usage: ``python validation/appendix_c/run.py [--quick] [--workers N | --scheduler ADDRESS]``; writes
+results.md, results.json, energy.png, nonsym.png, fabs.png (quick: *_quick.*). The density runs are the
+members of sweeps on Dask (spherepde.sweep; results files in sweep_runs/, not committed).
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 from spherepde import (Attention, alignment, interaction_energy, sample_uniform,  # noqa: E402
                        simulate_particles, spectral_data)
-from validation.fig3_density.common import grid_measures, machine, options_record, options_text, run_density  # noqa: E402
+from validation.fig3_density.common import (grid_measures, machine, options_record, options_text,  # noqa: E402
+                                            run_density_sweep)
 
 D = np.diag
 GRADIENT = {
@@ -48,10 +50,16 @@ FABS_PAIRS = {
 }
 
 
-def energy_case(name, nside, beta, t_end):
+def energy_run(name, nside, beta, t_end):
+    B, V, _ = GRADIENT[name]
+    return {"nside": nside, "B": B, "V": V, "beta": beta, "t_end": t_end,
+            "save_at": np.round(np.arange(0.0, t_end + 1e-9, 0.1), 10)}
+
+
+def energy_case(name, nside, beta, t_end, run):
     B, V, sign = GRADIENT[name]
     save = np.round(np.arange(0.0, t_end + 1e-9, 0.1), 10)
-    g, r, wall = run_density(nside, B, V, beta, t_end, save)
+    g, r, wall = run
     logE = np.array([interaction_energy(g.centers, f * g.areas, B, beta, log=True) for f in r.density])
     inc = np.diff(logE) * sign  # should be >= 0
     m = grid_measures(g, r.density, B, V, w2=True)
@@ -70,10 +78,16 @@ def axes_alignment(g, density):
     return {f"e{i + 1}": [alignment(g.centers, wi, np.eye(3)[i]) for wi in w] for i in range(3)}
 
 
-def nonsym_case(nside, beta, t_end):
+def nonsym_run(nside, beta, t_end):
+    B, V = NONSYM
+    return {"nside": nside, "B": B, "V": V, "beta": beta, "t_end": t_end,
+            "save_at": np.round(np.arange(0.0, t_end + 1e-9, 0.25), 10)}
+
+
+def nonsym_case(nside, beta, t_end, run):
     B, V = NONSYM
     save = np.round(np.arange(0.0, t_end + 1e-9, 0.25), 10)
-    g, r, wall = run_density(nside, B, V, beta, t_end, save)
+    g, r, wall = run
     A = V @ B.T
     ev, evec = np.linalg.eig(A)
     top = np.real(evec[:, np.argmax(np.real(ev))])
@@ -89,11 +103,17 @@ def nonsym_case(nside, beta, t_end):
     return rec
 
 
-def fabs_case(name, nside, beta, t_end, particles=True):
+def fabs_run(name, nside, beta, t_end):
+    B, V = FABS_PAIRS[name]
+    return {"nside": nside, "B": B, "V": V, "beta": beta, "t_end": t_end,
+            "save_at": np.round(np.arange(0.0, t_end + 1e-9, 0.5), 10), "f0": "perturbed"}
+
+
+def fabs_case(name, nside, beta, t_end, run, particles=True):
     B, V = FABS_PAIRS[name]
     sp = spectral_data(B, V)
     save = np.round(np.arange(0.0, t_end + 1e-9, 0.5), 10)
-    g, r, wall = run_density(nside, B, V, beta, t_end, save, f0="perturbed")
+    g, r, wall = run
     m = grid_measures(g, r.density, B, V, w2=False)
     rec = {"pair": name, "nside": nside, "beta": beta, "times": save.tolist(), "wall_s": wall,
            "E": sp.E.tolist(), "F": sp.F.tolist(), "F_abs": sp.F_abs.tolist(),
@@ -119,21 +139,34 @@ def fabs_case(name, nside, beta, t_end, particles=True):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    eng = ap.add_mutually_exclusive_group()
+    eng.add_argument("--workers", type=int, default=None, help="LocalCluster workers (default: one per core)")
+    eng.add_argument("--scheduler", default=None, help="a running Dask scheduler (or DASK_SCHEDULER_ADDRESS)")
     a = ap.parse_args(argv)
     q = a.quick
     sfx = "_quick" if q else ""
     t0 = time.perf_counter()
     res = {"study": "appendix_c", "machine": machine(),
            "options": options_record()}
-    res["energy"] = [energy_case(name, n, beta, 1.0 if q else 10.0)
-                     for name in GRADIENT for n in ((4,) if q else (8, 16)) for beta in ((10.0,) if q else (10.0, 30.0))]
-    res["nonsym"] = [] if q else [nonsym_case(16, b, 10.0) for b in (30.0, np.inf)]
-    if q:
-        res["fabs"] = []
-    else:
-        res["fabs"] = [fabs_case(name, 8, 30.0, 20.0) for name in FABS_PAIRS]
+    # every density run of the study as the members of sweeps on Dask (the F_abs confirmation run depends
+    # on the search's result: a second sweep)
+    eng = {"workers": a.workers, "scheduler": a.scheduler}
+    energy = [(name, n, beta, 1.0 if q else 10.0)
+              for name in GRADIENT for n in ((4,) if q else (8, 16)) for beta in ((10.0,) if q else (10.0, 30.0))]
+    nonsym = [] if q else [(16, b, 10.0) for b in (30.0, np.inf)]
+    fabs = [] if q else [(name, 8, 30.0, 20.0) for name in FABS_PAIRS]
+    runs = [energy_run(*c) for c in energy] + [nonsym_run(*c) for c in nonsym] + [fabs_run(*c) for c in fabs]
+    done = run_density_sweep("appendix_c" + sfx, runs, HERE / "sweep_runs" / ("appendix_c" + sfx), **eng)
+    ie, inn = len(energy), len(energy) + len(nonsym)
+    res["energy"] = [energy_case(*c, run) for c, run in zip(energy, done[:ie])]
+    res["nonsym"] = [nonsym_case(*c, run) for c, run in zip(nonsym, done[ie:inn])]
+    res["fabs"] = [fabs_case(*c, run) for c, run in zip(fabs, done[inn:])]
+    if fabs:
         best = max(res["fabs"], key=lambda r: r["align_Fabs"][-1])
-        res["fabs_confirm"] = fabs_case(best["pair"], 16, 30.0, 20.0, particles=False)
+        c = (best["pair"], 16, 30.0, 20.0)
+        run = run_density_sweep("appendix_c_confirm", [fabs_run(*c)], HERE / "sweep_runs" / "appendix_c_confirm",
+                                **eng)[0]
+        res["fabs_confirm"] = fabs_case(*c, run, particles=False)
     res["wall_total_s"] = time.perf_counter() - t0
     (HERE / f"results{sfx}.json").write_text(json.dumps(res))
     write_md(res, sfx)
