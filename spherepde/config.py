@@ -664,6 +664,18 @@ class ExperimentConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
+def read_source(source, dump) -> tuple:
+    """(dict, TOML text) of TOML text or a dict (whose text is ``dump(dict)``); bad TOML is a ConfigError."""
+    if isinstance(source, str):
+        try:
+            return tomllib.loads(source), source
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("<toml>", str(exc), "valid TOML syntax") from None
+    if isinstance(source, dict):
+        return source, dump(source)
+    raise TypeError(f"source must be TOML text or a dict, got {type(source).__name__}")
+
+
 def parse_config(source) -> ExperimentConfig:
     """Validate an experiment given as TOML text or a dict (the output of ``tomllib.loads``).
 
@@ -672,17 +684,7 @@ def parse_config(source) -> ExperimentConfig:
     ConfigError
         Naming the offending key (dotted), its value and what is allowed.
     """
-    if isinstance(source, str):
-        text = source
-        try:
-            raw = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("<toml>", str(exc), "valid TOML syntax") from None
-    elif isinstance(source, dict):
-        raw = source
-        text = dump_toml(raw)
-    else:
-        raise TypeError(f"source must be TOML text or a dict, got {type(source).__name__}")
+    raw, text = read_source(source, dump_toml)
     for k, v in raw.items():
         if k in ("name", "description"):
             if not isinstance(v, str):

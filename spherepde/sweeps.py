@@ -96,7 +96,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ConfigError, ExperimentConfig, dump_toml, parse_config
+from .config import ConfigError, ExperimentConfig, dump_toml, parse_config, read_source
 
 __all__ = ["sweep", "open_sweep", "load_sweep", "parse_sweep", "SweepSpec", "Axis", "Member", "run_member",
            "member_record", "DATASET_NAME"]
@@ -290,17 +290,7 @@ def parse_sweep(source, base_dir=None, default_name: str = "sweep") -> SweepSpec
     ``base_dir`` resolves a relative ``sweep.base`` path (default: the working directory). Every member's
     configuration is validated here; a :class:`ConfigError` names the key and the member.
     """
-    if isinstance(source, str):
-        text = source
-        try:
-            raw = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("<toml>", str(exc), "valid TOML syntax") from None
-    elif isinstance(source, dict):
-        raw = source
-        text = dump_sweep(raw)
-    else:
-        raise TypeError(f"source must be TOML text or a dict, got {type(source).__name__}")
+    raw, text = read_source(source, dump_sweep)
     for k in raw:
         if k not in _SPEC_TABLES:
             raise ConfigError(k, raw[k] if not isinstance(raw[k], dict) else f"[{k}]",

@@ -175,12 +175,16 @@ def test_field_interval_zero_is_every_stage():
     assert e.value.key == "scheme.field_interval"
 
 
+def _zt8(initial: dict) -> dict:
+    """A zero-temperature run on HEALPix nside 8 with the given [initial] table (a raw config dict)."""
+    return {"grid": {"type": "healpix", "nside": 8}, "time": {"t_end": 1.0},
+            "model": {"type": "zero_temperature", "B": "paper", "V": "paper"}, "initial": initial}
+
+
 def test_perturbed_uniform_initial_density():
     from spherepde.grids import HealpixGrid
 
-    raw = {"grid": {"type": "healpix", "nside": 8}, "time": {"t_end": 1.0},
-           "model": {"type": "zero_temperature", "B": "paper", "V": "paper"},
-           "initial": {"type": "perturbed_uniform"}}
+    raw = _zt8({"type": "perturbed_uniform"})
     g = HealpixGrid(8)
     avg = parse_config(raw).build_initial(g)
     raw["initial"]["sample"] = "center"
@@ -205,9 +209,7 @@ def test_perturbed_uniform_initial_density():
 def test_quadratic_initial_density_is_normalised_and_checked():
     from spherepde.grids import HealpixGrid, TensorGrid
 
-    raw = {"grid": {"type": "healpix", "nside": 8}, "time": {"t_end": 1.0},
-           "model": {"type": "zero_temperature", "B": "paper", "V": "paper"},
-           "initial": {"type": "quadratic", "Q": [[0.0, 0.15, 0.0], [0.15, 0.0, 0.0], [0.0, 0.0, 0.0]]}}
+    raw = _zt8({"type": "quadratic", "Q": [[0.0, 0.15, 0.0], [0.15, 0.0, 0.0], [0.0, 0.0, 0.0]]})
     g = HealpixGrid(8)
     x = g.centers
     cfg = parse_config(raw)
