@@ -123,7 +123,10 @@ def main(argv=None):
           f"({st1[1]:.2f}-{st1[2]:.2f}), 2 workers {st2[0]:.2f} s ({st2[1]:.2f}-{st2[2]:.2f}); so of the "
           f"overhead per member above, {st1[0] / 8:.2f} s is this start-up share and the rest "
           f"({ov1[0] - st1[0] / 8:.2f} s) grows with the member (checkpoints, results file, concentration "
-          f"diagnostics of every frame).", ""]
+          f"diagnostics of every frame).", "",
+          "At 2 workers the same formula also counts the idle tail (the 8 members differ in length, so one "
+          "worker finishes first) and the two processes' contention for memory bandwidth, which lengthens "
+          "each member's solver time a little; the speedup is the figure that matters there.", ""]
     Path(a.output).write_text("\n".join(L) + "\n")
     (Path(a.output).with_suffix(".json")).write_text(json.dumps(
         {"cases": {f"{c[0]}x{c[1]}": res[c] for c in cases}, "speedup": speed, "cluster_start": starts}, indent=1))
