@@ -48,15 +48,15 @@ time = {t_end = 1.0, save_every = 0.25}
 "initial.type" = ["uniform", "perturbed_uniform"]
 """
 
-# 4 members of ~3 s each on one thread (nside 16, direct attention), checkpoints every 0.2 s: long enough
-# to kill a process in the middle of a member
+# 4 members of ~1 s each on one thread (nside 12, direct attention), a checkpoint at every save time
+# (the first at t = 0) and every 0.2 s: long enough to kill a process in the middle of a member
 SLOW = """
 [sweep]
 name = "slow"
 [base]
-grid = {type = "healpix", nside = 16}
+grid = {type = "healpix", nside = 12}
 model = {type = "attention", B = "paper", V = "paper", beta = 10.0, method = "direct"}
-time = {t_end = 1.25, save_every = 0.25}
+time = {t_end = 1.0, save_every = 0.125}
 initial = {type = "perturbed_uniform"}
 output = {checkpoint_every = 0.2}
 [axes]
