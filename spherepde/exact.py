@@ -128,7 +128,8 @@ def characteristics_backward(model, points, t: float, n_steps: int | None = None
     L = np.empty(x.shape[0])
     if t == 0:
         return x.copy(), np.zeros(x.shape[0])
-    _backward(np.ascontiguousarray(x), np.ascontiguousarray(model.B), np.ascontiguousarray(model.A), t,
+    Bu = model.B_unit  # the field does not depend on the scale of B; B_unit keeps |B^T x| finite
+    _backward(np.ascontiguousarray(x), np.ascontiguousarray(Bu), np.ascontiguousarray(model.V @ Bu.T), t,
               n_steps, _A, _B, Y, L)
     return Y, L
 

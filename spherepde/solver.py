@@ -392,7 +392,7 @@ class Solver:
             fv.local_bounds_scale(fb, grid.stencil, self._point_offsets(), self._g)
             fv.face_flux(fb, self._g, grid.owner, grid.neighbour, mom[0], self._flux, True)
             fv.cell_update(fa, fb, self._flux, grid.cell_faces, grid.cell_face_sign, grid.areas, dt, alpha,
-                           out)
+                           out, True)
             return
         if self._outflow is None:
             self._outflow = np.empty(grid.cell_faces.size)

@@ -75,3 +75,20 @@ def test_prescribed_rotation_and_errors():
     wrong = Prescribed(lambda x, t: x[:, :2])
     with pytest.raises(ValueError, match="must return shape"):
         wrong.field(x, 0.0)
+
+
+@pytest.mark.parametrize("scale", [1e200, 1e-160, 3.0])
+def test_zero_temperature_field_does_not_depend_on_the_scale_of_B(scale):
+    """Regression (issue #21 item 6): |B^T x| overflowed for B = 1e200 P (v = 0, silently) and lost
+    digits at 1e-160 (1.4e-5 error). v_inf and div v_inf are invariant under B -> c B (c > 0)."""
+    from spherepde import ZeroTemperature, exact_zero_temperature
+    from spherepde.sampling import sample_uniform
+
+    P, V = np.diag([-1.0, -1.0, 1.0]), np.diag([-1.0, 1.0, -2.0])
+    x = sample_uniform(50, 3, rng=np.random.default_rng(3))
+    ref, big = ZeroTemperature(P, V), ZeroTemperature(scale * P, V)
+    np.testing.assert_allclose(big.velocity(x), ref.velocity(x), rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(big.divergence(x), ref.divergence(x), rtol=1e-13, atol=1e-14)
+    f0 = lambda y: np.full(len(y), 1 / (4 * np.pi))  # noqa: E731
+    np.testing.assert_allclose(exact_zero_temperature(big, f0, x, 0.5), exact_zero_temperature(ref, f0, x, 0.5),
+                               rtol=1e-12)

@@ -269,13 +269,22 @@ def _positivity_theta(i, fi, g0, g1, g2, side, capf, K, DL):
 
 
 @njit(inline="always")
-def _stage_value(fa_i, fb_i, s, r, alpha):
+def _stage_value(fa_i, fb_i, s, r, alpha, clip):
     """alpha fa + (1 - alpha)(fb - r s) with r = dt/|C|, in increment form when alpha > 0: near a steady
     state the same products would round the same way every step and the mass would drift linearly
-    (measured 6e-17 per step with SSP-RK3); here only the small increment is rounded."""
+    (measured 6e-17 per step with SSP-RK3); here only the small increment is rounded.
+
+    ``clip`` (the positivity limiter is on): a value below 0 is set to 0. The limiter makes the exact
+    stage value >= 0, so what is clipped is rounding of a value near 0 (seen: -1.5e-323 at CFL 1 on the
+    paper's field, at 6659 of 10^4 steps; issue #21): the mass changes by that much, far below one ulp
+    of the total."""
     if alpha == 0.0:
-        return fb_i - r * s
-    return fa_i + (1.0 - alpha) * ((fb_i - fa_i) - r * s)
+        v = fb_i - r * s
+    else:
+        v = fa_i + (1.0 - alpha) * ((fb_i - fa_i) - r * s)
+    if clip and v < 0.0:
+        return 0.0
+    return v
 
 
 @njit(parallel=True, cache=True)
@@ -365,14 +374,15 @@ def face_flux(f, g, owner, neigh, mom, flux, clip):
 
 
 @njit(parallel=True, cache=True)
-def cell_update(fa, fb, flux, cell_faces, cell_sign, area, dt, alpha, out):
-    """out = alpha fa + (1 - alpha) (fb - dt/|C| sum_faces sign F): one SSP-RK stage (Shu-Osher form)."""
+def cell_update(fa, fb, flux, cell_faces, cell_sign, area, dt, alpha, out, clip):
+    """out = alpha fa + (1 - alpha) (fb - dt/|C| sum_faces sign F): one SSP-RK stage (Shu-Osher form);
+    ``clip``: rounding below 0 is set to 0 (see :func:`_stage_value`)."""
     N, K = cell_faces.shape
     for i in prange(N):
         s = 0.0
         for k in range(K):
             s += cell_sign[i, k] * flux[cell_faces[i, k]]
-        out[i] = _stage_value(fa[i], fb[i], s, dt / area[i], alpha)
+        out[i] = _stage_value(fa[i], fb[i], s, dt / area[i], alpha, clip)
 
 
 @njit(inline="always")
@@ -398,12 +408,12 @@ def _cell_outflows(i, fb, stencil, coef, ci, side, capf, linear, limit, outflow,
 
 
 @njit(inline="always")
-def _cell_net(i, fa, fb, inflow, outflow, r, alpha, out, K):
+def _cell_net(i, fa, fb, inflow, outflow, r, alpha, out, K, clip):
     """Pass 2 of :func:`stage_update` for cell i: own outflows minus inflows, then the stage value."""
     s = 0.0
     for k in range(K):
         s += outflow[i * K + k] - outflow[uint64(i * K + inflow[i, k])]  # unsigned: as in _cell_outflows
-    out[i] = _stage_value(fa[i], fb[i], s, r, alpha)
+    out[i] = _stage_value(fa[i], fb[i], s, r, alpha, clip)
 
 
 @njit(parallel=True, cache=True)
@@ -441,21 +451,21 @@ def stage_update(fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alp
                     _cell_outflows(i, fb, stencil_off, coef, cls[i], side, capf, linear, limit, outflow, 8, 4, 2)
             if alpha == 0.0:
                 for i in prange(N):
-                    _cell_net(i, fa, fb, inflow_off, outflow, r, 0.0, out, 4)
+                    _cell_net(i, fa, fb, inflow_off, outflow, r, 0.0, out, 4, limit)
             else:
                 for i in prange(N):
-                    _cell_net(i, fa, fb, inflow_off, outflow, r, alpha, out, 4)
+                    _cell_net(i, fa, fb, inflow_off, outflow, r, alpha, out, 4, limit)
             return
         for i in prange(N):
             _cell_outflows(i, fb, stencil_off, coef, cls[i], side, capf, linear, limit, outflow, S, K, DL)
         for i in prange(N):
-            _cell_net(i, fa, fb, inflow_off, outflow, r, alpha, out, K)
+            _cell_net(i, fa, fb, inflow_off, outflow, r, alpha, out, K, limit)
         return
     for i in prange(N):
         _cell_outflows(i, fb, stencil_off, coef, cls[i], side, (1.0 - OUTFLOW_MARGIN) * area[i] / dt, linear,
                        limit, outflow, S, K, DL)
     for i in prange(N):
-        _cell_net(i, fa, fb, inflow_off, outflow, dt / area[i], alpha, out, K)
+        _cell_net(i, fa, fb, inflow_off, outflow, dt / area[i], alpha, out, K, limit)
 
 
 @njit(parallel=True, cache=True)

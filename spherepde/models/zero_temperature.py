@@ -62,6 +62,13 @@ class ZeroTemperature(Model):
         object.__setattr__(self, "V", V)
         object.__setattr__(self, "dim", B.shape[0])
         object.__setattr__(self, "condition", _check_invertible(B))
+        scale = float(np.max(np.abs(B)))
+        object.__setattr__(self, "B_unit", B / scale)
+
+    # B_unit: B scaled to max |B_ij| = 1. v_inf and its divergence do not depend on the scale of B, and
+    # |B^T x| of a B scaled by 1e200 overflows (v = 0) or by 1e-160 loses digits (issue #21 item 6), so the
+    # formulas use B_unit.
+    B_unit: np.ndarray = field(init=False, repr=False, compare=False)
 
     @property
     def A(self) -> np.ndarray:
@@ -71,19 +78,20 @@ class ZeroTemperature(Model):
     def velocity(self, points, t=0.0) -> np.ndarray:
         """v_inf at ``points`` of shape (n, d) (rows need not be exactly unit; P_x uses them as given)."""
         x = as_points(points, self.dim)
-        bx = x @ self.B  # rows: B^T x
+        bx = x @ self.B_unit  # rows: B^T x, up to the (irrelevant) scale of B
         s = np.linalg.norm(bx, axis=1)
         return tangent_project(x, bx @ self.V.T) / s[:, None]
 
     def divergence(self, points) -> np.ndarray:
         """Surface divergence div_S v_inf at unit ``points`` (n, d), closed form (MODEL.md)."""
         x = as_points(points, self.dim)
-        A = self.A
-        bx = x @ self.B
+        Bu = self.B_unit  # the formula is invariant under B -> c B
+        A = self.V @ Bu.T
+        bx = x @ Bu
         s = np.linalg.norm(bx, axis=1)
         ax = x @ A.T
         xax = np.einsum("ij,ij->i", x, ax)
-        bbx = bx @ self.B.T  # B B^T x
+        bbx = bx @ Bu.T  # B B^T x
         pax = ax - xax[:, None] * x
         d = self.dim
         return (np.trace(A) - d * xax) / s - np.einsum("ij,ij->i", bbx, pax) / s**3
