@@ -3,12 +3,26 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["as_matrix", "as_points", "positive_int", "finite_float"]
+__all__ = ["as_matrix", "as_points", "positive_int", "finite_float", "real_array"]
+
+
+def real_array(value, name: str) -> np.ndarray:
+    """``value`` as a float64 array; a complex value is an error naming ``name`` (numpy would drop the
+    imaginary part with only a warning)."""
+    try:
+        a = np.asarray(value)
+        if np.iscomplexobj(a):
+            raise ValueError(f"{name} must be real, got complex values")
+        return np.array(a, dtype=float)
+    except (TypeError, ValueError) as exc:
+        if "complex" in str(exc):
+            raise
+        raise ValueError(f"{name} must be an array of real numbers ({exc})") from None
 
 
 def as_matrix(value, name: str, d: int | None = None) -> np.ndarray:
     """Return ``value`` as a finite float64 square matrix, or raise ``ValueError`` naming ``name``."""
-    a = np.array(value, dtype=float)
+    a = real_array(value, name)
     if a.ndim != 2 or a.shape[0] != a.shape[1]:
         raise ValueError(f"{name} must be a square matrix (d x d), got shape {a.shape}")
     if d is not None and a.shape[0] != d:
@@ -23,7 +37,7 @@ def as_matrix(value, name: str, d: int | None = None) -> np.ndarray:
 
 def as_points(x, d: int, name: str = "points") -> np.ndarray:
     """Return ``x`` as a float64 array of shape (n, d), or raise ``ValueError`` naming ``name``."""
-    a = np.asarray(x, dtype=float)
+    a = x if isinstance(x, np.ndarray) and x.dtype == np.float64 else real_array(x, name)
     if a.ndim == 1 and a.shape[0] == d:
         a = a[None, :]
     if a.ndim != 2 or a.shape[1] != d:

@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from ._checks import finite_float, positive_int
+from ._checks import finite_float, positive_int, real_array
 from .kernels import fv
 from .steppers import STEPPERS, SSPStepper, StepController, register_stepper
 
@@ -164,9 +164,9 @@ class Result:
 
 def _initial_density(grid, f0) -> np.ndarray:
     if callable(f0):
-        f = grid.cell_average(f0)
+        f = real_array(grid.cell_average(f0), "f0(x)")
     else:
-        f = np.array(f0, dtype=float)
+        f = real_array(f0, "f0")
     if f.shape != (grid.n_cells,):
         raise ValueError(f"f0 must be a callable f0(x) or an array of shape ({grid.n_cells},), got {f.shape}")
     if not np.all(np.isfinite(f)):

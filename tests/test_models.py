@@ -92,3 +92,22 @@ def test_zero_temperature_field_does_not_depend_on_the_scale_of_B(scale):
     f0 = lambda y: np.full(len(y), 1 / (4 * np.pi))  # noqa: E731
     np.testing.assert_allclose(exact_zero_temperature(big, f0, x, 0.5), exact_zero_temperature(ref, f0, x, 0.5),
                                rtol=1e-12)
+
+
+def test_complex_inputs_and_unsupported_dimensions_are_errors():
+    """Regression (issue #21 item 10): complex B, V or f0 were cast to real with only a ComplexWarning, and
+    TensorGrid(5, 8) was built though the kernels stop at d = 4."""
+    import spherepde as sp
+
+    P, V = np.diag([-1.0, -1.0, 1.0]), np.diag([-1.0, 1.0, -2.0])
+    with pytest.raises(ValueError, match="B must be real"):
+        ZeroTemperature(P + 1j, V)
+    with pytest.raises(ValueError, match="V must be real"):
+        sp.Attention(P, V.astype(complex), 2.0)
+    g = sp.HealpixGrid(2)
+    with pytest.raises(ValueError, match="f0 must be real"):
+        sp.solve(g, ZeroTemperature(P, V), np.full(g.n_cells, 1 / (4 * np.pi)) + 0j, 0.1)
+    with pytest.raises(ValueError, match="points must be real"):
+        ZeroTemperature(P, V).velocity(np.array([[1.0 + 1j, 0, 0]]))
+    with pytest.raises(ValueError, match=r"d must be an integer in 2\.\.4"):
+        sp.TensorGrid(5, 8)

@@ -155,6 +155,11 @@ class TensorGrid(Grid):
                  min_count: int = 4, split_width: float = np.pi / 8):
         self.dim = positive_int(d, "d", minimum=2)
         d = self.dim
+        from ..kernels.fv import MAX_DIM
+
+        if d > MAX_DIM:
+            raise ValueError(f"d must be an integer in 2..{MAX_DIM} (S^1 to S^{MAX_DIM - 1}: the finite-volume "
+                             f"kernels' limit), got {d}")
         if np.ndim(n) == 0:
             n = positive_int(int(n) if isinstance(n, (np.integer,)) else n, "n")
             counts = [n] * (d - 2) + [2 * n]
