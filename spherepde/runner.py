@@ -125,6 +125,14 @@ def run_experiment(config, output, *, restart: bool = False, progress: bool = Fa
                 writer.close()
             writer = None
             solver = Solver(grid, model, f0, options)
+    try:
+        solver.check_step_budget(t_end)  # before any results file is written
+    except ValueError as exc:
+        if writer is not None:
+            writer.close()
+        from .config import ConfigError
+
+        raise ConfigError("time.t_end", t_end, f"a run that fits scheme.max_steps: {exc}") from None
     if writer is None:
         writer = _io.ResultsWriter(res_path, cfg, grid, options, model)
 

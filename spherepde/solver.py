@@ -534,6 +534,30 @@ class Solver:
             prev = out
         return vals
 
+    def check_step_budget(self, t_end: float):
+        """Refuse up front a run to ``t_end`` that cannot finish within ``max_steps`` (issue #21 item 9:
+        ``t_end = 1e300`` or a field scaled by 1e200 ran for hours until max_steps).
+
+        No step can exceed the CFL step (or ``max_dt``), so (t_end - t) / dt_cfl is a lower bound on the
+        steps needed. For a local steady field (ZeroTemperature, Prescribed without time dependence) the
+        CFL step never changes and a bound above the steps left is a ``ValueError``; for fields that
+        change with the density or in time it is estimated from the current field and only logged."""
+        opt = self.options
+        rate, _ = self._rates(self._mom)
+        dt_up = min(opt.cfl / rate if rate > 0 else np.inf, opt.max_dt)
+        if not np.isfinite(dt_up) or t_end <= self.t:
+            return
+        need = (t_end - self.t) / dt_up
+        left = opt.max_steps - self.n_steps
+        if need <= left:
+            return
+        msg = (f"t_end = {t_end:g} needs at least {need:.3g} steps from t = {self.t:g} (the CFL limit of the step "
+               f"is {dt_up:.3g}), more than the {left} left of max_steps = {opt.max_steps}: shorten t_end, or "
+               f"raise Options.max_steps (config scheme.max_steps)")
+        if getattr(self.model, "local", False) and getattr(self.model, "steady", False):
+            raise ValueError(msg)
+        log.warning("%s (estimated from the current field, which changes)", msg)
+
     def advance(self, t_target: float, callback: Callable | None = None):
         """Step until ``t_target`` exactly (the last step is shortened to land on it)."""
         while self.t < t_target:
@@ -632,6 +656,7 @@ def solve(grid, model, f0, t_end: float, save_at=None, options: Options | None =
     save = _save_times(save_at, 0.0, t_end)
     start = _time.perf_counter()
     solver = Solver(grid, model, f0, options)
+    solver.check_step_budget(t_end)
     saved = []
     bar = None
     if progress:

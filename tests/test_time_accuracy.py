@@ -315,3 +315,35 @@ def test_positivity_is_exact_not_only_to_rounding():
         assert s.f.min() >= 0.0
     assert abs(s.f @ g.areas - mass0) < 1e-14
     solve(g, m, s.f, 0.1)  # accepted as an initial density
+
+
+def test_runs_that_cannot_finish_are_refused_up_front():
+    """Regression (issue #21 item 9): t_end = 1e300, or a zero-temperature field with V scaled by 1e200,
+    ran for hours until max_steps. No step exceeds the CFL step, so (t_end - t) / dt_cfl is a lower
+    bound on the steps; for a local steady field it is exact and the run is refused before it starts."""
+    import time
+
+    g = HealpixGrid(4)
+    P, V = np.diag([-1.0, -1, 1]), np.diag([-1.0, 1, -2])
+    f0 = np.full(g.n_cells, 1 / (4 * np.pi))
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="max_steps"):
+        solve(g, sp.ZeroTemperature(P, V), f0, 1e300)
+    with pytest.raises(ValueError, match="max_steps"):
+        solve(g, sp.ZeroTemperature(P, 1e200 * V), f0, 1.0)
+    with pytest.raises(ValueError, match="max_steps"):
+        solve(g, sp.ZeroTemperature(P, V), f0, 10.0, options=Options(max_steps=5))
+    assert time.perf_counter() - t0 < 60  # refused, not run (generous: the runs would take hours)
+    r = solve(g, sp.ZeroTemperature(P, V), f0, 1.0)  # a normal run is not affected
+    assert r.n_steps > 0
+
+
+def test_runner_refuses_an_endless_run_with_a_config_error(tmp_path):
+    from spherepde.config import ConfigError, parse_config
+    from spherepde.runner import run_experiment
+
+    cfg = parse_config({"grid": {"type": "healpix", "nside": 2}, "time": {"t_end": 1e300},
+                        "model": {"type": "zero_temperature", "B": "paper", "V": "paper"}})
+    with pytest.raises(ConfigError) as e:
+        run_experiment(cfg, tmp_path / "out", figures=False)
+    assert e.value.key == "time.t_end" and "max_steps" in str(e.value)
