@@ -25,7 +25,10 @@ that the killed run wrote after its last checkpoint are dropped and recomputed i
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -53,6 +56,41 @@ def _as_config(config) -> ExperimentConfig:
     return load_config(config)
 
 
+#: What the runner writes directly in a results directory (a symbolic link planted under one of these
+#: names would redirect the write outside it), and the folders whose every entry it may write.
+_WRITTEN = (CONFIG_NAME, RESULTS_NAME, RESULTS_NAME + ".tmp", CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp",
+            "figures", "fits", ".run.lock")
+_WRITTEN_DIRS = ("figures", "fits")
+
+
+def _refuse_links(out: Path):
+    """RunnerError if a name the runner writes in ``out`` (or anything in its figure folders) is a
+    symbolic link: writes never follow links out of the results directory (issue #21 item 7)."""
+    links = [out / n for n in _WRITTEN if (out / n).is_symlink()]
+    for d in _WRITTEN_DIRS:
+        if (out / d).is_dir() and not (out / d).is_symlink():
+            links += [p for p in (out / d).iterdir() if p.is_symlink()]
+    if links:
+        raise RunnerError(f"{out} holds symbolic links where the run writes files ({', '.join(map(str, links))}); "
+                          "remove them or use another --output (writes never follow links)")
+
+
+@contextlib.contextmanager
+def _directory_lock(out: Path):
+    """An exclusive lock on ``out`` for one run (``.run.lock``, flock): a second run on a live directory is
+    refused instead of interleaving its writes with the first (issue #21 item 3)."""
+    fd = os.open(out / ".run.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunnerError(f"{out} is in use by another run (its lock {out / '.run.lock'} is held); wait for "
+                              "it to finish, or use another --output") from None
+        yield
+    finally:
+        os.close(fd)
+
+
 def run_experiment(config, output, *, restart: bool = False, progress: bool = False, figures: bool = True,
                    stop_after_steps: int | None = None):
     """Run ``config`` (an ExperimentConfig or a TOML path) into the directory ``output``.
@@ -76,12 +114,25 @@ def run_experiment(config, output, *, restart: bool = False, progress: bool = Fa
     Returns
     -------
     spherepde.solver.Result (read back from ``results.h5``), or None if stopped early.
-    """
-    from .solver import Solver
 
+    Raises
+    ------
+    RunnerError
+        ``output`` holds another configuration's run, is in use by a live run (an exclusive lock,
+        ``.run.lock``), or has symbolic links where the run writes (writes never follow them).
+    """
     cfg = _as_config(config)
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
+    _refuse_links(out)
+    with _directory_lock(out):
+        return _run_locked(cfg, out, restart, progress, figures, stop_after_steps)
+
+
+def _run_locked(cfg, out: Path, restart, progress, figures, stop_after_steps):
+    """:func:`run_experiment` once the directory is checked and locked."""
+    from .solver import Solver
+
     res_path, ck_path = out / RESULTS_NAME, out / CHECKPOINT_NAME
     cfg_json = cfg.to_json()
 

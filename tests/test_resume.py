@@ -121,3 +121,73 @@ def test_complete_run_is_not_recomputed_and_other_config_refused(tmp_path):
     with pytest.raises(RunnerError, match="different configuration"):
         run_experiment(other, out, figures=False)
     assert run_experiment(other, out, figures=False, restart=True).times[-1] == 0.25
+
+
+# ------------------------------------------------------------------ issue #21 items 3 and 7
+def _tiny_cfg():
+    from spherepde.config import parse_config
+
+    return parse_config({"grid": {"type": "healpix", "nside": 2}, "time": {"t_end": 0.5, "save_every": 0.25},
+                         "model": {"type": "zero_temperature", "B": "paper", "V": "paper"},
+                         "output": {"plots": []}})
+
+
+@pytest.mark.parametrize("name", ["checkpoint.h5.tmp", "results.h5.tmp", "experiment.toml", "results.h5",
+                                  "figures/maps.png"])
+def test_planted_symlinks_are_refused_and_nothing_outside_is_written(tmp_path, name):
+    from spherepde.runner import RunnerError, run_experiment
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    (out / "figures").mkdir(parents=True)
+    (out / name).symlink_to(victim)
+    with pytest.raises(RunnerError, match="symbolic link"):
+        run_experiment(_tiny_cfg(), out, figures=False)
+    assert victim.read_text() == "precious"
+    assert not (out / "checkpoint.h5").exists()  # refused before anything was written
+    assert (out / "results.h5").is_symlink() or not (out / "results.h5").exists()
+
+
+def test_a_second_run_on_a_live_directory_is_refused(tmp_path):
+    import fcntl
+
+    from spherepde.runner import RunnerError, run_experiment
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(out / ".run.lock", "w") as fh:  # a live run holds the lock
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        with pytest.raises(RunnerError, match="in use by another run"):
+            run_experiment(_tiny_cfg(), out, figures=False, restart=True)
+        assert not (out / "results.h5").exists()
+    r = run_experiment(_tiny_cfg(), out, figures=False)  # released: the run goes ahead
+    assert len(r.times) == 3
+
+
+def test_cli_second_run_on_a_live_directory_exits_2_and_the_first_completes(tmp_path):
+    """The issue's scenario: `spherepde run cfg -o d &`, then `spherepde run cfg -o d --restart`. Before,
+    the second truncated the first's results (7 of 21 frames, marked done)."""
+    import subprocess
+    import sys
+    import time
+
+    from spherepde import load
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[grid]\ntype = "healpix"\nnside = 16\n[model]\ntype = "attention"\nB = "paper"\nV = "paper"\n'
+                   'beta = 10.0\nmethod = "direct"\n[time]\nt_end = 1.0\nsave_every = 0.05\n'
+                   '[output]\nplots = []\n')
+    out = tmp_path / "d"
+    cmd = [sys.executable, "-m", "spherepde.cli", "-q", "run", str(cfg), "-o", str(out), "--no-figures"]
+    first = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while not (out / "checkpoint.h5").exists():  # the first run is under way
+        assert first.poll() is None and time.monotonic() - t0 < 120
+        time.sleep(0.05)
+    second = subprocess.run(cmd + ["--restart"], capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2 and "in use by another run" in second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    r = load(out / "results.h5")
+    assert len(r.times) == 21 and r.metadata["complete"]
