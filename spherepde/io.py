@@ -150,10 +150,22 @@ class ResultsWriter:
         self.h = h5py.File(self.path, "a")
         if resume is not None:
             n = int(resume)
+            _, js = _config_text_json(config)
+            if js and self.h["config"].attrs.get("json", "") != js:
+                self.h.close()
+                raise ValueError(f"{self.path} holds the results of another configuration")
             if self.h["times"].shape[0] < n:
                 self.h.close()
                 raise ValueError(f"{self.path} holds {self.h['times'].shape[0]} saved frames, the checkpoint "
                                  f"expects {n}")
+            if self.h["density"].shape[1] != self.n_cells:
+                self.h.close()
+                raise ValueError(f"{self.path} holds densities of {self.h['density'].shape[1]} cells, the grid has "
+                                 f"{self.n_cells}")
+            kept = self.h["density"][:n]
+            if kept.size and not (np.all(np.isfinite(kept)) and kept.min() >= 0.0):
+                self.h.close()
+                raise ValueError(f"{self.path} holds non-finite or negative densities in the frames to keep")
             self.h["times"].resize((n,))
             self.h["density"].resize((n, self.n_cells))
             self.h.attrs["complete"] = False

@@ -91,6 +91,32 @@ def _directory_lock(out: Path):
         os.close(fd)
 
 
+def _check_frames(density, n_expected: int, what: str):
+    """ValueError unless ``density`` holds ``n_expected`` frames, all finite and >= 0."""
+    d = np.asarray(density)
+    if d.shape[0] != n_expected:
+        raise ValueError(f"the {what} holds {d.shape[0]} saved frames, the run has {n_expected}")
+    if d.size and not (np.all(np.isfinite(d)) and d.min() >= 0.0):
+        raise ValueError(f"the {what} holds non-finite or negative densities")
+
+
+def _check_state(state: dict, grid, t_end: float, save, n_saved: int):
+    """ValueError unless a checkpoint's state could have come from this run (issue #21 item 2: a
+    checkpoint with 1 KB overwritten resumed to a "complete" run of min density -1.46e303): the density
+    has the grid's shape, is finite and >= 0 and carries the mass its diagnostics recorded; t lies in
+    [0, t_end] and after the saved frames' times."""
+    f = np.asarray(state["f"], dtype=float)
+    if f.shape != (grid.n_cells,) or not np.all(np.isfinite(f)) or f.min() < 0.0:
+        raise ValueError("the checkpoint's density is not a state of this grid (shape, finite, >= 0)")
+    t = float(state["t"])
+    if not (np.isfinite(t) and 0.0 <= t <= t_end) or not 0 <= n_saved <= len(save) \
+            or (n_saved and t < save[n_saved - 1]) or int(state["n_steps"]) < 0:
+        raise ValueError(f"the checkpoint's time {t} or counters do not fit this run")
+    mass = state["diag"].get("mass", [])
+    if not mass or abs(f @ grid.areas - mass[-1]) > 1e-12 * max(1.0, abs(mass[-1])):
+        raise ValueError("the checkpoint's density does not carry the mass its diagnostics recorded")
+
+
 def run_experiment(config, output, *, restart: bool = False, progress: bool = False, figures: bool = True,
                    stop_after_steps: int | None = None):
     """Run ``config`` (an ExperimentConfig or a TOML path) into the directory ``output``.
@@ -140,17 +166,24 @@ def _run_locked(cfg, out: Path, restart, progress, figures, stop_after_steps):
     if ck_path.exists() and res_path.exists() and not restart:
         try:
             state, extra = _io.read_checkpoint(ck_path)
-        except (OSError, KeyError) as exc:
+        except Exception as exc:  # a damaged HDF5 file raises OSError, KeyError, RuntimeError, ValueError, ...
+            state = extra = None
             log.warning("unreadable checkpoint %s (%s): starting over", ck_path, exc)
         if extra is not None and extra.get("config_json") != cfg_json:
             raise RunnerError(f"{out} holds a run of a different configuration; use another --output or "
                               "--restart to overwrite it")
         if extra is not None and extra.get("done"):
-            log.info("%s: run already complete, loading it", out)
-            result = _io.load(res_path)
-            if figures:
-                postprocess(result, cfg, out)
-            return result
+            try:
+                result = _io.load(res_path)
+                _check_frames(result.density, len(cfg.save_times()), "results file")
+            except (OSError, KeyError, ValueError, RuntimeError) as exc:
+                log.warning("%s: the completed run's results are unusable (%s): starting over", out, exc)
+                state = extra = None
+            else:
+                log.info("%s: run already complete, loading it", out)
+                if figures:
+                    postprocess(result, cfg, out)
+                return result
     (out / CONFIG_NAME).write_text(cfg.text)
 
     grid = cfg.build_grid()
@@ -165,12 +198,13 @@ def _run_locked(cfg, out: Path, restart, progress, figures, stop_after_steps):
     writer = None
     if state is not None:
         try:
+            _check_state(state, grid, t_end, save, int(extra["n_saved"]))
             writer = _io.ResultsWriter(res_path, cfg, grid, options, model, resume=int(extra["n_saved"]))
             solver.set_state(state)
             n_saved = int(extra["n_saved"])
             wall_before = float(extra.get("wall_time", 0.0))
             log.info("resuming %s at t = %g (step %d, %d frames saved)", out, solver.t, solver.n_steps, n_saved)
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
             log.warning("cannot resume from %s (%s): starting over", res_path, exc)
             if writer is not None:
                 writer.close()

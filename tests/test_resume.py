@@ -191,3 +191,60 @@ def test_cli_second_run_on_a_live_directory_exits_2_and_the_first_completes(tmp_
     assert first.wait(timeout=300) == 0, first.stderr.read()
     r = load(out / "results.h5")
     assert len(r.times) == 21 and r.metadata["complete"]
+
+
+# ------------------------------------------------------------------ issue #21 item 2 (validation part)
+def _partial(tmp_path, steps=40):
+    cfg = parse_config(TOML)
+    out = tmp_path / "run"
+    assert run_experiment(cfg, out, figures=False, stop_after_steps=steps) is None
+    return cfg, out
+
+
+@pytest.mark.parametrize("how", ["garbage_density", "bytes_1kb", "negative_time"])
+def test_a_corrupted_checkpoint_is_not_resumed_and_the_run_is_right(tmp_path, how):
+    """The issue: 1 KB overwritten in the middle of checkpoint.h5, then `spherepde run` exited 0 with a
+    "complete" run of min density -1.46e303. The restored state is now checked (grid shape, finite,
+    >= 0, the recorded mass, t in the run); a bad one is a clean restart, whose result is the
+    uninterrupted run's, bit for bit."""
+    import h5py
+
+    cfg, out = _partial(tmp_path)
+    ck = out / CHECKPOINT_NAME
+    if how == "garbage_density":
+        with h5py.File(ck, "a") as h:
+            h["f"][3] = -1.46e303
+    elif how == "negative_time":
+        with h5py.File(ck, "a") as h:
+            h.attrs["t"] = -5.0
+    else:
+        raw = bytearray(ck.read_bytes())
+        mid = len(raw) // 2
+        raw[mid:mid + 1024] = np.random.default_rng(0).integers(0, 256, 1024, dtype=np.uint8).tobytes()
+        ck.write_bytes(bytes(raw))
+    res = run_experiment(cfg, out, figures=False)
+    assert_identical(res, reference(cfg))
+    assert res.density.min() >= 0
+
+
+def test_results_of_another_configuration_are_not_appended_to(tmp_path):
+    """The issue: a results.h5 of another config copied into a partial run was appended to."""
+    cfg, out = _partial(tmp_path)
+    other = parse_config(TOML.replace("kappas = 3.0", "kappas = 5.0"))
+    run_experiment(other, tmp_path / "other", figures=False)
+    (out / RESULTS_NAME).write_bytes((tmp_path / "other" / RESULTS_NAME).read_bytes())
+    res = run_experiment(cfg, out, figures=False)
+    assert_identical(res, reference(cfg))
+    assert io.load(out / RESULTS_NAME).metadata["config"].initial.kappas == [3.0]
+
+
+def test_a_completed_run_with_a_damaged_frame_is_rerun(tmp_path):
+    import h5py
+
+    cfg = parse_config(TOML)
+    out = tmp_path / "run"
+    run_experiment(cfg, out, figures=False)
+    with h5py.File(out / RESULTS_NAME, "a") as h:
+        h["density"][2, 5] = np.nan
+    res = run_experiment(cfg, out, figures=False)
+    assert_identical(res, reference(cfg))
