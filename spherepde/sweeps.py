@@ -96,7 +96,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ConfigError, ExperimentConfig, dump_toml, parse_config, read_source
+from .config import ConfigError, ExperimentConfig, parse_config, read_source
 
 __all__ = ["sweep", "open_sweep", "load_sweep", "parse_sweep", "SweepSpec", "Axis", "Member", "run_member",
            "member_record", "DATASET_NAME"]
@@ -700,7 +700,7 @@ def sweep(spec, output=None, *, workers: int | None = None, scheduler=None, thre
     failed = [m for m in members if records.get(m.key, {}).get("status") != "done"]
     last = (f"{n_done} done, {skipped} skipped (finished before), {len(failed)} failed, "
             f"wall time {wall:.1f} s")
-    ds = build_dataset(spec, members, records, out)
+    ds = build_dataset(spec, members, records)
     ds.attrs["last_run"] = last
     write_dataset(ds, out / DATASET_NAME)
     say(summary_table(ds, members, records, last))
@@ -746,7 +746,7 @@ def _zip_coord_name(spec: SweepSpec, axis: Axis, key: str) -> str:
     return short if shorts.count(short) == 1 and short not in taken else key.replace(".", "_")
 
 
-def build_dataset(spec: SweepSpec, members: list, records: dict, out: Path):
+def build_dataset(spec: SweepSpec, members: list, records: dict):
     """The sweep's xarray.Dataset from the members' records (see the module docstring)."""
     import xarray as xr
 

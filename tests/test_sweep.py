@@ -8,7 +8,6 @@ is bit for bit an uninterrupted one (tests/test_runner.py).
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
