@@ -42,7 +42,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-__all__ = ["ResultsWriter", "save_result", "load", "load_config_of", "write_checkpoint", "read_checkpoint",
+__all__ = ["ResultsWriter", "check_frames", "save_result", "load", "load_config_of", "write_checkpoint", "read_checkpoint",
            "write_fits", "versions", "FORMAT", "FORMAT_VERSION"]
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,13 @@ def _write_header(h, config, grid, options=None, model=None):
     g.create_dataset("areas", data=np.asarray(grid.areas))
 
 
+def check_frames(density, what: str):
+    """ValueError unless every saved density in ``density`` is finite and >= 0 (a damaged file)."""
+    d = np.asarray(density)
+    if d.size and not (np.all(np.isfinite(d)) and d.min() >= 0.0):
+        raise ValueError(f"{what} holds non-finite or negative densities")
+
+
 class ResultsWriter:
     """Write a results file incrementally (see the module docstring for the layout).
 
@@ -162,10 +169,11 @@ class ResultsWriter:
                 self.h.close()
                 raise ValueError(f"{self.path} holds densities of {self.h['density'].shape[1]} cells, the grid has "
                                  f"{self.n_cells}")
-            kept = self.h["density"][:n]
-            if kept.size and not (np.all(np.isfinite(kept)) and kept.min() >= 0.0):
+            try:
+                check_frames(self.h["density"][:n], f"{self.path} (the frames to keep)")
+            except ValueError:
                 self.h.close()
-                raise ValueError(f"{self.path} holds non-finite or negative densities in the frames to keep")
+                raise
             self.h["times"].resize((n,))
             self.h["density"].resize((n, self.n_cells))
             self.h.attrs["complete"] = False

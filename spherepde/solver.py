@@ -609,8 +609,16 @@ class Solver:
         }
 
     def set_state(self, state: dict):
+        """Restore a :meth:`get_state`; ValueError for a state that is not one of this grid (shape, finite,
+        >= 0, the mass its diagnostics recorded), e.g. read from a damaged checkpoint."""
+        f = np.array(state["f"], dtype=float)
+        if f.shape != (self.grid.n_cells,) or not np.all(np.isfinite(f)) or f.min() < 0.0:
+            raise ValueError("the state's density is not one of this grid (shape, finite, >= 0)")
+        mass = state["diag"].get("mass", [])
+        if not mass or abs(self.grid.mass(f) - mass[-1]) > 1e-12 * max(1.0, abs(mass[-1])):
+            raise ValueError("the state's density does not carry the mass its diagnostics recorded")
         self.t = float(state["t"])
-        self.f = np.array(state["f"], dtype=float)
+        self.f = f
         self.n_steps = int(state["n_steps"])
         self.l0 = float(state["l0"])
         self.diag = {k: list(v) for k, v in state["diag"].items()}

@@ -81,7 +81,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fcntl
 import hashlib
 import itertools
 import json
@@ -473,26 +472,6 @@ def member_record(result, cfg: ExperimentConfig) -> dict:
             "scalars": scalars}
 
 
-@contextlib.contextmanager
-def _member_lock(directory: Path, wait: float = 600.0):
-    """An exclusive ``flock`` on ``directory/.lock`` (released when the holder exits, even by SIGKILL)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        t0 = time.monotonic()
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() - t0 > wait:
-                    raise RuntimeError(f"{directory} is held by another process for more than {wait:g} s") from None
-                time.sleep(0.2)
-        yield
-    finally:
-        os.close(fd)
-
-
 def _write_json_atomic(path: Path, data):
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as fh:
@@ -510,14 +489,17 @@ def run_member(config_text: str, directory: str, key: str, threads: int | None =
     A failure is returned as a record with ``status = "failed"`` and the error, not raised, so the
     scheduler does not retry a deterministic failure; a dying worker process is retried by Dask.
     """
-    from .runner import postprocess, run_experiment
+    from .runner import directory_lock, postprocess, run_experiment
 
     d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
     if threads:
         import numba
 
         numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
-    with _member_lock(d):
+    # the sweep's own lock on the member (waiting for an orphan of a killed driver to finish it); the run
+    # inside takes the directory's run lock as any run does
+    with directory_lock(d, ".lock", wait=600.0):
         done = _read_record(d, key)
         if done is not None:
             return done
