@@ -238,6 +238,36 @@ def test_pruned_actually_prunes_and_any_dimension():
                 assert np.abs(m - ref).max() < 1e-12
 
 
+def test_pruned_exact_zeros_at_large_kappa_issue21_item1():
+    # Issue #21 item 1: a density with exact zeros (a cap) at kappa 1e5-1e6. A block's bound can exceed
+    # its super-block's (both are upper bounds, neither dominates); pass 1 then summed nothing and a
+    # zero-mass block's -inf became the shift (NaN). Reference: the direct kernel, exact to rounding
+    # (|m| <= 1, so 1e-9 is far above rounding and far below any wrong block choice).
+    P = np.diag([-1.0, -1.0, 1.0])
+    mu = np.array([0.3, 0.5, 0.8]) / np.linalg.norm([0.3, 0.5, 0.8])
+    y = pix(16)
+    for beta, cap in ((1e5, 0.99), (1e6, 0.9), (1e6, 0.99), (1e4, 0.9)):
+        w = (y @ mu > cap) * 1.0
+        model = Attention(P, np.eye(3), beta)
+        ref = model.mean_field(y, y, w, method="direct")
+        for meth in ("pruned", "auto"):
+            m = model.mean_field(y, y, w, method=meth)
+            assert np.all(np.isfinite(m)), (beta, cap, meth)
+            assert np.abs(m - ref).max() < 1e-9, (beta, cap, meth)
+    # the general-d kernel, d = 4: weights in a cap, exact zeros elsewhere
+    rng = np.random.default_rng(21)
+    ys = rng.normal(size=(3000, 4))
+    ys /= np.linalg.norm(ys, axis=1)[:, None]
+    c = np.array([0.5, -0.5, 0.5, 0.5])
+    P4 = np.diag([-1.0, -1.0, 1.0, 1.0])
+    for beta in (1e5, 1e6):
+        w = (ys @ c > 0.9) * 1.0
+        model = Attention(P4, np.eye(4), beta)
+        ref = model.mean_field(ys, ys, w, method="direct")
+        m = model.mean_field(ys, ys, w, method="pruned")
+        assert np.all(np.isfinite(m)) and np.abs(m - ref).max() < 1e-9, beta
+
+
 def test_beta_zero_is_weighted_mean_and_small_beta_limit():
     rng = np.random.default_rng(5)
     y = pix(8)

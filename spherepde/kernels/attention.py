@@ -447,11 +447,13 @@ def pruned(U, kappa, S, W, LW, bstart, bc, bcr, bsr, blogm, sstart, sc, scr, ssr
             cnt = 0
             # pass 1: the near blocks
             for s in range(ns):
-                if Ls[s] < cut:
+                # the best super-block always: a block's bound can exceed its super-block's (both
+                # are upper bounds, neither dominates), and pass 1 must sum at least one block
+                if Ls[s] < cut and s != sbest:
                     continue
                 for k in range(sstart[s], sstart[s + 1]):
                     lk = _logbound(u, bc, bcr, bsr, blogm, kap, k)
-                    if lk < cut:
+                    if lk < cut or lk == -np.inf:  # a zero-mass block adds exactly 0
                         continue
                     if state[2] != 0.0 and lk > state[0] + RESCALE:
                         _rescale(u, h, S, LW, bstart[k], bstart[k + 1] - bstart[k], state, acc, three)
@@ -462,10 +464,10 @@ def pruned(U, kappa, S, W, LW, bstart, bc, bcr, bsr, blogm, sstart, sc, scr, ssr
             for s in range(ns):
                 if Ls[s] < thr:
                     continue
-                near = Ls[s] >= cut
+                near = Ls[s] >= cut or s == sbest  # the super-blocks pass 1 visited
                 for k in range(sstart[s], sstart[s + 1]):
                     lk = _logbound(u, bc, bcr, bsr, blogm, kap, k)
-                    if lk < thr or (near and lk >= cut):
+                    if lk < thr or lk == -np.inf or (near and lk >= cut):
                         continue
                     if lk > state[0] + RESCALE:
                         _rescale(u, h, S, LW, bstart[k], bstart[k + 1] - bstart[k], state, acc, three)
@@ -861,16 +863,17 @@ def pruned3(U, kappa, S, W, LW, bstart, bc, bcr, bsr, blogm, sstart, sc, scr, ss
                 if ps == 1:
                     thr = logeps + math.log(D) + sig - logunits
                 for s in range(ns):
-                    if Ls[s] < thr:
+                    # pass 1 always visits the best super-block (see :func:`pruned`)
+                    if Ls[s] < thr and not (ps == 0 and s == sbest):
                         continue
-                    near = Ls[s] >= cut
+                    near = Ls[s] >= cut or s == sbest
                     k0 = sstart[s]
                     if not done[s]:
                         _lb3_range(ux, uy, uz, bc, bcr, bsr, blogm, kap, k0, sstart[s + 1] - k0, Lb)
                         done[s] = True
                     for k in range(k0, sstart[s + 1]):
                         lk = Lb[k]
-                        if lk < thr or (ps == 1 and near and lk >= cut):
+                        if lk < thr or lk == -np.inf or (ps == 1 and near and lk >= cut):
                             continue
                         j0 = bstart[k]
                         n = bstart[k + 1] - j0

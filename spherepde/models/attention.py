@@ -397,6 +397,9 @@ class Attention(Model):
                 else:
                     self._cache["spectral_path"] = "inhouse"
                     self._spectral(U, kappa, y, w, out)
+        if not np.all(np.isfinite(out)):  # never pass a NaN field on as if the density were at fault
+            raise FloatingPointError(f"the attention method {meth!r} gave a non-finite mean field (a bug in "
+                                     "spherepde: please report it with the inputs); method='direct' is exact")
         return out
 
     def spectral_degree(self, kappa_max: float) -> tuple[int, int]:
