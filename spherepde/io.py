@@ -25,6 +25,8 @@ Layout of a results file (``h5dump -A`` shows it all)::
     /grid        attrs: type, dim, n_cells, nside | n; datasets centers (N, d), areas (N,)
     /times       (n_saved,)      saved times, appended
     /density     (n_saved, N)    cell averages at the saved times, appended
+    /checksums   (n_saved,)      SHA-256 of each frame (time, density); groups and /config carry a sha256
+                                 attribute: :func:`load` verifies them all (format version 2)
     /diagnostics/<name>          per-step diagnostics of the solver (time, mass, min, max, ...)
     /concentration/<name>        optional: W2 to Pi#rho_0, alignments (per saved time)
     /particles/{times,positions,weights}   optional overlay run
@@ -32,6 +34,7 @@ Layout of a results file (``h5dump -A`` shows it all)::
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import logging
 import os
@@ -42,13 +45,105 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-__all__ = ["ResultsWriter", "check_frames", "save_result", "load", "load_config_of", "write_checkpoint", "read_checkpoint",
-           "write_fits", "versions", "FORMAT", "FORMAT_VERSION"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "DamagedFileError", "ResultsWriter", "check_frames", "load", "load_config_of",
+           "read_checkpoint", "save_result", "versions", "write_checkpoint", "write_fits"]
 
 log = logging.getLogger(__name__)
 
 FORMAT = "spherepde-results"
-FORMAT_VERSION = 1
+#: 2: SHA-256 checksums of every frame, group and the configuration (version 1 files load unchecked).
+FORMAT_VERSION = 2
+
+
+class DamagedFileError(ValueError):
+    """A results file or checkpoint whose content fails its checksum or its layout checks."""
+
+
+def _canon(v) -> bytes:
+    """Canonical bytes of a value as it is read back from HDF5 (arrays as float64 or their own dtype with
+    shape, numbers by kind, strings as UTF-8)."""
+    if isinstance(v, (bytes, str)):
+        return b"s" + (v.encode() if isinstance(v, str) else v)
+    if isinstance(v, (bool, np.bool_)):
+        return b"i%d" % int(v)
+    if isinstance(v, (int, np.integer)):
+        return b"i%d" % int(v)
+    if isinstance(v, (float, np.floating)):
+        return b"f" + float(v).hex().encode()
+    a = np.ascontiguousarray(np.asarray(v))
+    if a.dtype.kind in "US":
+        return b"a" + repr(a.tolist()).encode()
+    return b"a" + a.dtype.str.encode() + repr(a.shape).encode() + a.tobytes()
+
+
+def _digest(*values) -> str:
+    h = hashlib.sha256()
+    for v in values:
+        c = _canon(v)
+        h.update(len(c).to_bytes(8, "little"))
+        h.update(c)
+    return h.hexdigest()
+
+
+def _frame_digest(t, f) -> str:
+    return _digest(float(t), np.asarray(f, dtype=float))
+
+
+def _group_digest(data: dict) -> str:
+    return _digest(*[x for k in sorted(data) for x in (k, np.asarray(data[k]))])
+
+
+def _memory_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 2.0 ** 40
+
+
+def _check_readable(path, h):
+    """A crafted or damaged file must not exhaust memory: the datasets ``load`` reads must be of the layout
+    it writes (float64 times and densities of the stored grid's size, consistent counts) and all of them
+    together below half the machine's memory."""
+    try:
+        n_cells = int(h["grid"].attrs["n_cells"])
+        times, dens = h["times"], h["density"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DamagedFileError(f"{path}: not the layout of a results file ({exc})") from None
+    if times.ndim != 1 or dens.ndim != 2 or dens.shape != (times.shape[0], n_cells):
+        raise DamagedFileError(f"{path}: density has shape {dens.shape}, times {times.shape}, the grid "
+                               f"{n_cells} cells: a damaged results file")
+    total = 0
+    for obj in [times, dens] + [g[k] for name in ("diagnostics", "concentration", "particles") if name in h
+                                for g in (h[name],) for k in g]:
+        if not isinstance(obj, h5py.Dataset):
+            raise DamagedFileError(f"{path}: {obj.name} is not a dataset: a damaged results file")
+        total += int(np.prod(obj.shape, dtype=np.float64)) * obj.dtype.itemsize
+    if total > 0.5 * _memory_bytes():
+        raise DamagedFileError(f"{path}: its datasets claim {total / 2**30:.3g} GiB, more than half this machine's "
+                               "memory: a damaged or crafted results file, not read")
+
+
+def _verify(path, h):
+    """DamagedFileError where a frame, a group or the configuration fails its checksum (format 2)."""
+    if int(h.attrs.get("format_version", 1)) < 2:
+        log.warning("%s: format version 1 (no checksums): its content is not verified", path)
+        return
+    c = h["config"].attrs
+    if c.get("sha256", "") != _digest(c.get("toml", ""), c.get("json", "")):
+        raise DamagedFileError(f"{path}: the stored configuration fails its checksum: the file is damaged")
+    times, dens = h["times"], h["density"]
+    sums = h["checksums"] if "checksums" in h else None
+    if sums is None or sums.shape != times.shape:
+        raise DamagedFileError(f"{path}: the frame checksums are missing or do not match the frames")
+    for i in range(times.shape[0]):
+        if sums[i].decode() != _frame_digest(times[i], dens[i]):
+            raise DamagedFileError(f"{path}: frame {i} (t = {float(times[i]):g}) fails its checksum: the file is "
+                                   "damaged (rerun the experiment: a partial run resumes from its checkpoint)")
+    for name in ("diagnostics", "concentration", "particles"):
+        if name in h:
+            data = {k: h[name][k][()] for k in h[name]}
+            if h[name].attrs.get("sha256", "") != _group_digest(data):
+                raise DamagedFileError(f"{path}: the group /{name} fails its checksum: the file is damaged")
 _PACKAGES = ("spherepde", "numpy", "scipy", "numba", "healpy", "matplotlib", "h5py", "pot")
 
 
@@ -89,6 +184,7 @@ def _write_dict_group(parent, name, data: dict):
     g = parent.create_group(name)
     for k, v in data.items():
         g.create_dataset(k, data=np.asarray(v))
+    g.attrs["sha256"] = _group_digest({k: g[k][()] for k in g})  # of what reads back
     return g
 
 
@@ -105,6 +201,7 @@ def _write_header(h, config, grid, options=None, model=None):
     c = h.create_group("config")
     c.attrs["toml"] = toml
     c.attrs["json"] = js
+    c.attrs["sha256"] = _digest(toml, js)
     if options is not None:
         from dataclasses import asdict
 
@@ -153,6 +250,7 @@ class ResultsWriter:
                 h.create_dataset("times", shape=(0,), maxshape=(None,), dtype="f8")
                 h.create_dataset("density", shape=(0, grid.n_cells), maxshape=(None, grid.n_cells), dtype="f8",
                                  chunks=(1, grid.n_cells))
+                h.create_dataset("checksums", shape=(0,), maxshape=(None,), dtype="S64")  # SHA-256 per frame
             os.replace(tmp, self.path)
         self.h = h5py.File(self.path, "a")
         if resume is not None:
@@ -171,11 +269,18 @@ class ResultsWriter:
                                  f"{self.n_cells}")
             try:
                 check_frames(self.h["density"][:n], f"{self.path} (the frames to keep)")
+                sums = self.h["checksums"] if "checksums" in self.h else None
+                if sums is None or sums.shape[0] < n:
+                    raise DamagedFileError(f"{self.path}: the frame checksums are missing")
+                for i in range(n):
+                    if sums[i].decode() != _frame_digest(self.h["times"][i], self.h["density"][i]):
+                        raise DamagedFileError(f"{self.path}: frame {i} fails its checksum (damaged)")
             except ValueError:
                 self.h.close()
                 raise
             self.h["times"].resize((n,))
             self.h["density"].resize((n, self.n_cells))
+            self.h["checksums"].resize((n,))
             self.h.attrs["complete"] = False
             self.h.flush()
 
@@ -191,6 +296,8 @@ class ResultsWriter:
         self.h["times"][n] = t
         self.h["density"].resize((n + 1, self.n_cells))
         self.h["density"][n] = f
+        self.h["checksums"].resize((n + 1,))
+        self.h["checksums"][n] = _frame_digest(self.h["times"][n], self.h["density"][n]).encode()
         if diagnostics is not None:
             _write_dict_group(self.h, "diagnostics", diagnostics)
         self.h.attrs["n_steps"] = int(n_steps)
@@ -250,7 +357,7 @@ def _read_group(h, name) -> dict:
     return {k: h[name][k][()] for k in h[name]}
 
 
-def load(path, rebuild: bool = True):
+def load(path, rebuild: bool = True, verify: bool = True):
     """Read a results file into a :class:`spherepde.solver.Result`.
 
     Parameters
@@ -259,6 +366,11 @@ def load(path, rebuild: bool = True):
     rebuild : bool, default True
         Rebuild the grid and model from the stored configuration (a HEALPix grid is rebuilt from its
         nside even without one). With False, ``grid`` and ``model`` are None.
+    verify : bool, default True
+        Check the SHA-256 checksum of every frame, group and of the configuration: a damaged file is a
+        :class:`DamagedFileError` (a ``ValueError``) naming what fails, never data returned as if it were
+        right. A file whose datasets are not of the layout written here, or would not fit in memory, is
+        refused before anything is read.
 
     Returns
     -------
@@ -274,6 +386,9 @@ def load(path, rebuild: bool = True):
         if h.attrs.get("format") != FORMAT:
             raise ValueError(f"{path} is not a spherepde results file (attribute format = "
                              f"{h.attrs.get('format')!r}, expected {FORMAT!r})")
+        _check_readable(path, h)
+        if verify:
+            _verify(path, h)
         times = h["times"][()]
         density = h["density"][()]
         diagnostics = _read_group(h, "diagnostics")
@@ -309,6 +424,22 @@ def load(path, rebuild: bool = True):
 
 
 # ----------------------------------------------------------------------------------------- checkpoints
+def _checkpoint_digest(state: dict, extra: dict) -> str:
+    """SHA-256 of a checkpoint's content, of the values as :func:`read_checkpoint` returns them."""
+    parts = [float(state["t"]), int(state["n_steps"]), float(state["l0"]), np.asarray(state["f"], dtype=float)]
+    for k in sorted(state["diag"]):
+        parts += [k, np.asarray(state["diag"][k], dtype=float)]
+    hist = state.get("history", [])
+    parts.append(np.array([t for t, _ in hist], dtype=float))
+    parts += [np.asarray(m) for _, m in hist]
+    ctl = state.get("controller", {})
+    for k in sorted(ctl):
+        parts += [k, ctl[k]]
+    for k in sorted(extra):
+        parts += [k, extra[k]]
+    return _digest(*parts)
+
+
 def write_checkpoint(path, state: dict, extra: dict | None = None):
     """Write a solver state atomically: to ``path.tmp``, fsync, then ``os.replace`` onto ``path``.
 
@@ -341,6 +472,7 @@ def write_checkpoint(path, state: dict, extra: dict | None = None):
             cg.attrs[k] = v
         for k, v in (extra or {}).items():
             h.attrs[f"extra_{k}"] = v
+        h.attrs["sha256"] = _checkpoint_digest(state, extra or {})
         h.flush()
         os.fsync(h.id.get_vfd_handle())
     os.replace(tmp, path)
@@ -356,7 +488,8 @@ def write_checkpoint(path, state: dict, extra: dict | None = None):
 
 
 def read_checkpoint(path):
-    """Return ``(state, extra)`` written by :func:`write_checkpoint`; ``state`` feeds ``Solver.set_state``."""
+    """Return ``(state, extra)`` written by :func:`write_checkpoint`; ``state`` feeds ``Solver.set_state``.
+    A checkpoint whose content fails its SHA-256 checksum is a :class:`DamagedFileError`."""
     with h5py.File(path, "r") as h:
         hist_t = h["history"]["t"][()]
         state = {
@@ -371,6 +504,11 @@ def read_checkpoint(path):
         }
         extra = {k[len("extra_"):]: (v.item() if hasattr(v, "item") else v)
                  for k, v in h.attrs.items() if k.startswith("extra_")}
+        stored = h.attrs.get("sha256")
+    if stored is None:
+        log.warning("%s: a checkpoint without a checksum (an older version): its content is not verified", path)
+    elif stored != _checkpoint_digest(state, extra):
+        raise DamagedFileError(f"{path}: the checkpoint fails its checksum: it is damaged")
     return state, extra
 
 

@@ -209,6 +209,8 @@ class Solver:
             raise ValueError(f"model.dim ({getattr(model, 'dim', None)}) must equal grid.dim ({grid.dim})")
         self.grid = grid
         self.model = model
+        if hasattr(model, "set_state"):  # a clean history: a model reused from another run gives the same bits
+            model.set_state({})
         self.t = finite_float(t0, "t0")
         self.f = _initial_density(grid, f0)
         self.n_steps = 0
@@ -605,7 +607,8 @@ class Solver:
             "diag": {k: list(v) for k, v in self.diag.items()},
             "history": [(t, m.copy()) for t, m in self._history],
             "controller": {"dt_next": self._dt_next, "field_curv": self._field_curv,
-                           "field_step": self._field_step, "field_err": self._field_err},
+                           "field_step": self._field_step, "field_err": self._field_err,
+                           **{"model." + k: v for k, v in getattr(self.model, "get_state", dict)().items()}},
         }
 
     def set_state(self, state: dict):
@@ -630,6 +633,8 @@ class Solver:
         self._field_curv = float(ctl.get("field_curv", np.inf))
         self._field_step = int(ctl.get("field_step", self.n_steps))
         self._field_err = float(ctl.get("field_err", 0.0))
+        if hasattr(self.model, "set_state"):  # a duck-typed model may have no state
+            self.model.set_state({k[6:]: v for k, v in ctl.items() if k.startswith("model.")})
         self._mom = self._moments(self.t, self.f)
 
 

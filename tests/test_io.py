@@ -132,6 +132,69 @@ def test_checkpoint_round_trip_is_exact(run, tmp_path):
     np.testing.assert_array_equal(s.f, s2.f)
 
 
+def _flip_bit(value: float, bit: int = 3) -> float:
+    """The float with one low mantissa bit flipped: plausible (finite, >= 0, same mass to 1e-15)."""
+    return float(np.frombuffer((np.float64(value).view(np.uint64) ^ np.uint64(1 << bit)).tobytes(), np.float64)[0])
+
+
+@pytest.mark.parametrize("where", ["frame", "time", "diagnostics", "config"])
+def test_a_flipped_bit_in_a_results_file_is_an_error_naming_it(run, tmp_path, where):
+    """Issue #21 item 2 (checksums): a flipped bit in results.h5 was returned by ``load`` as if right. Every
+    frame, group and the configuration carry a SHA-256 checksum; a flip is a DamagedFileError naming it."""
+    cfg, res = run
+    p = io.save_result(res, tmp_path / "r.h5", config=cfg)
+    io.load(p)  # intact: verifies
+    with h5py.File(p, "a") as h:
+        if where == "frame":
+            h["density"][1, 7] = _flip_bit(h["density"][1, 7])
+        elif where == "time":
+            h["times"][1] = _flip_bit(h["times"][1], 0)
+        elif where == "diagnostics":
+            d = h["diagnostics"]["mass"][()]
+            d[-1] = _flip_bit(d[-1], 0)
+            h["diagnostics"]["mass"][...] = d
+        else:
+            h["config"].attrs["toml"] = h["config"].attrs["toml"].replace("kappas = 2.0", "kappas = 2.5")
+    match = {"frame": "frame 1", "time": "frame 1", "diagnostics": "/diagnostics", "config": "configuration"}
+    with pytest.raises(io.DamagedFileError, match=match[where]):
+        io.load(p)
+    io.load(p, verify=False)  # readable on request (the user asked for the raw content)
+
+
+def test_a_flipped_bit_in_a_checkpoint_is_an_error(run, tmp_path):
+    cfg, res = run
+    s = Solver(res.grid, res.model, cfg.build_initial(res.grid), res.options)
+    s.step()
+    p = tmp_path / "ck.h5"
+    io.write_checkpoint(p, s.get_state(), {"n_saved": 1, "config_json": cfg.to_json()})
+    io.read_checkpoint(p)
+    with h5py.File(p, "a") as h:
+        h["f"][5] = _flip_bit(h["f"][5])
+    with pytest.raises(io.DamagedFileError, match="checksum"):
+        io.read_checkpoint(p)
+
+
+def test_a_crafted_results_file_cannot_exhaust_memory_on_load(run, tmp_path):
+    """Issue #21 item 9: a results file whose density dataset claims 10^8 frames (600 GB; chunked, so the
+    file stays small) is refused before anything is read; so is a density of the wrong cell count."""
+    cfg, res = run
+    p = io.save_result(res, tmp_path / "r.h5", config=cfg)
+    n = res.grid.n_cells
+    with h5py.File(p, "a") as h:
+        del h["density"], h["times"]
+        h.create_dataset("density", shape=(10**8, n), dtype="f8", chunks=(1, n))
+        h.create_dataset("times", shape=(10**8,), dtype="f8", chunks=(1024,))
+    assert p.stat().st_size < 10**6
+    with pytest.raises(io.DamagedFileError, match="GiB"):
+        io.load(p)
+    with h5py.File(p, "a") as h:
+        del h["density"], h["times"]
+        h.create_dataset("density", data=np.zeros((2, n + 1)))
+        h.create_dataset("times", data=np.zeros(2))
+    with pytest.raises(io.DamagedFileError, match="shape"):
+        io.load(p)
+
+
 def test_write_fits_ring_order(run, tmp_path):
     import healpy as hp
 

@@ -201,7 +201,7 @@ def _partial(tmp_path, steps=40):
     return cfg, out
 
 
-@pytest.mark.parametrize("how", ["garbage_density", "bytes_1kb", "negative_time"])
+@pytest.mark.parametrize("how", ["garbage_density", "bytes_1kb", "negative_time", "bit_flip", "results_bit_flip"])
 def test_a_corrupted_checkpoint_is_not_resumed_and_the_run_is_right(tmp_path, how):
     """The issue: 1 KB overwritten in the middle of checkpoint.h5, then `spherepde run` exited 0 with a
     "complete" run of min density -1.46e303. The restored state is now checked (grid shape, finite,
@@ -217,6 +217,13 @@ def test_a_corrupted_checkpoint_is_not_resumed_and_the_run_is_right(tmp_path, ho
     elif how == "negative_time":
         with h5py.File(ck, "a") as h:
             h.attrs["t"] = -5.0
+    elif how in ("bit_flip", "results_bit_flip"):  # plausible: finite, >= 0, the mass to 1e-16 (checksums)
+        target, name = (ck, "f") if how == "bit_flip" else (out / RESULTS_NAME, "density")
+        with h5py.File(target, "a") as h:
+            ds = h[name]
+            idx = (3,) if ds.ndim == 1 else (ds.shape[0] - 1, 3)
+            v = np.float64(ds[idx])
+            ds[idx] = (v.view(np.uint64) ^ np.uint64(2)).view(np.float64)
     else:
         raw = bytearray(ck.read_bytes())
         mid = len(raw) // 2

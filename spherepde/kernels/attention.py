@@ -8,7 +8,7 @@ direct_nd(U, kappa, S, W, LW, out)
     The same for any dimension d.
 pruned(U, kappa, S, W, LW, bstart, bc, bcr, bsr, blogm, sstart, sc, scr, ssr, slogm, eps, out, work)
     Block-pruned sum with a guaranteed bound: the skipped mass is <= eps * D at every target.
-sph_coeffs(S, W, L, ra, rb)
+sph_coeffs(S, W, L, offset, ra, rb, pmm)
     Source-side spherical-harmonic moments of the four maps w, w y_x, w y_y, w y_z (d = 3).
 sph_eval(U, kappa, coeffs, L, ra, rb, wnorm1, wnorm2, out, bound)
     Funk-Hecke evaluation at the targets, with a per-target error bound.
@@ -525,10 +525,13 @@ def sph_recurrence(L):
 
 
 _CH = 128  # sources / targets per vector chunk
+#: Partial sums of :func:`sph_coeffs` (fixed, so that the result does not depend on the thread count;
+#: 16 x 8 x nlm doubles: 13 MB at the largest degree, L = 160).
+SPH_PARTS = 16
 
 
 @nb.njit(parallel=True, fastmath=_FM, cache=True)
-def sph_coeffs(S, W, L, offset, ra, rb, pmm, nthreads):
+def sph_coeffs(S, W, L, offset, ra, rb, pmm):
     """Moments A^q_lm + i B^q_lm = sum_j W^q_j Pt_lm(z_j) (x_j + i y_j)^m of the four maps
     W^0 = W, W^1 = W x, W^2 = W y, W^3 = W z.
 
@@ -541,20 +544,26 @@ def sph_coeffs(S, W, L, offset, ra, rb, pmm, nthreads):
     L : int
         Degree.
     offset, ra, rb, pmm : arrays from :func:`sph_recurrence`.
-    nthreads : int
-        Number of partial accumulators (one per thread).
 
     Returns
     -------
     (8, nlm) float64
         Rows 2q and 2q + 1: A^q and B^q.
+
+    Notes
+    -----
+    The sum is split into ``SPH_PARTS`` fixed partial sums over fixed source ranges, run in parallel on
+    the threads numba has: the result is the same for any thread count.
     """
     N = S.shape[1]
     nlm = offset[L + 1]
-    part = np.zeros((nthreads, 8, nlm))
+    # a fixed number of partial sums over fixed source ranges, whatever the number of threads: the
+    # result is bitwise the same on 1, 2 or 64 threads and in every process (issue #21 item 5)
+    npart = SPH_PARTS
+    part = np.zeros((npart, 8, nlm))
     nch = (N + _CH - 1) // _CH
-    per = (nch + nthreads - 1) // nthreads
-    for t in nb.prange(nthreads):
+    per = (nch + npart - 1) // npart
+    for t in nb.prange(npart):
         G = np.empty((8, _CH))
         cr = np.empty(_CH)
         ci = np.empty(_CH)
@@ -627,7 +636,7 @@ def sph_coeffs(S, W, L, offset, ra, rb, pmm, nthreads):
                     acc[6, i] += s6
                     acc[7, i] += s7
     out = np.zeros((8, nlm))
-    for t in range(nthreads):
+    for t in range(npart):
         out += part[t]
     return out
 

@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -87,6 +86,9 @@ __all__ = ["available", "healpix_ring_nside", "interp_bound", "plan", "spectral_
 EPS_SHT = 3e-13
 #: Margin of the transform error model over the largest measured error (see the module notes).
 NUFFT_SAFETY = 10.0
+#: Fixed groups of basis maps per bin, each summed by one task (see :func:`spectral_sums`): the result
+#: is the same for any thread count.
+SUM_GROUPS = 4
 EPS = float(np.finfo(float).eps)
 #: Most bins, and most Chebyshev nodes of a bin for the planning estimate (:func:`_nodes_needed`).
 MAX_BINS = 8
@@ -374,7 +376,10 @@ def _source_moments(Y, W, Lmax, nthreads):
     if ns:
         adjoint, where = ducc0.sht.adjoint_synthesis, _healpix_geometry(ns)
     else:
+        # one thread: the NUFFT's parallel spreading adds the threads' grids in an order that depends
+        # on the thread count (1 vs 2 threads differed in the last bits); one thread makes it reproducible
         adjoint, where = ducc0.sht.adjoint_synthesis_general, {"loc": _loc(Y), "epsilon": EPS_SHT}
+        nthreads = 1
     return adjoint(map=np.ascontiguousarray(W, dtype=float)[None, :], spin=0, lmax=Lmax, nthreads=nthreads,
                    **where)[0]
 
@@ -684,52 +689,53 @@ def spectral_sums(U, kappa, Y, W, bins, order, nthreads, cache=None):
     Fs = np.empty((M, 4))
     ds = np.empty(M)
     targets = _target_data(Us, ks, bins, cache)
-    # every basis map of every bin: (spin, bin, basis index, degree); spin-1 (the costlier) first
-    jobs = [(1, bi, k, b[4]) for bi, b in enumerate(bins) for k in range(b[5][1])]
-    jobs += [(0, bi, k, b[4]) for bi, b in enumerate(bins) for k in range(b[5][0])]
-    # each worker synthesises basis maps into its own buffer and adds them, weighted, into its own sums
-    # (per bin: D, N.u, the two gradient components and three rounding sums): no r x m array of map values
-    mmax = max(b[1] - b[0] for b in bins)
-    workspace = {}
-    lock = threading.Lock()
+    # every basis map of every bin: (spin, basis index), spin-1 (the costlier) first, dealt round-robin
+    # into SUM_GROUPS fixed groups per bin. A task is one group: it synthesises its maps in order into its
+    # own buffer and adds them, weighted, into its own sums (per bin: D, N.u, the two gradient components
+    # and three rounding sums; no r x m array of map values). The groups are added in a fixed order, so
+    # the result does not depend on the thread count or on which thread ran what (issue #21 item 5).
+    tasks = []
+    for bi, b in enumerate(bins):
+        maps = [(1, k) for k in range(b[5][1])] + [(0, k) for k in range(b[5][0])]
+        tasks += [(bi, maps[g::SUM_GROUPS]) for g in range(min(SUM_GROUPS, len(maps)))]
 
-    def synth(job):
-        spin, bi, k, L = job
-        tid = threading.get_ident()
-        ws = workspace.get(tid)
-        if ws is None:
-            ws = (np.empty((2, mmax)), [np.zeros((7, b[1] - b[0])) for b in bins])
-            with lock:
-                workspace[tid] = ws
+    def run(task):
+        bi, maps = task
         m = bins[bi][1] - bins[bi][0]
+        L = bins[bi][4]
         coef = targets[bi][3]
-        if spin == 0:
-            a_lm = (alm * factors[bi][0][k])[None, :]  # in the worker
-            buf = ws[0][:1, :m]
-        else:
-            a_lm = np.zeros((2, alm.shape[0]), dtype=alm.dtype)
-            a_lm[0] = alm * factors[bi][1][k]  # E = sqrt(l (l + 1)) a_lm, B = 0: the gradient
-            buf = ws[0][:, :m]
-        ducc0.sht.synthesis_general(alm=a_lm, spin=spin, lmax=L, mstart=mstart[:L + 1], loc=targets[bi][0],
-                                    epsilon=EPS_SHT, nthreads=1, map=buf)
-        if spin == 0:
-            _accumulate0(coef[0][k], coef[1][k], coef[2][k], coef[3][k], buf[0], ws[1][bi])
-        else:
-            _accumulate1(coef[4][k], coef[5][k], buf, ws[1][bi])
+        buf = np.empty((2, m))
+        acc = np.zeros((7, m))
+        for spin, k in maps:
+            if spin == 0:
+                a_lm = (alm * factors[bi][0][k])[None, :]  # in the worker
+                out = buf[:1]
+            else:
+                a_lm = np.zeros((2, alm.shape[0]), dtype=alm.dtype)
+                a_lm[0] = alm * factors[bi][1][k]  # E = sqrt(l (l + 1)) a_lm, B = 0: the gradient
+                out = buf
+            ducc0.sht.synthesis_general(alm=a_lm, spin=spin, lmax=L, mstart=mstart[:L + 1], loc=targets[bi][0],
+                                        epsilon=EPS_SHT, nthreads=1, map=out)
+            if spin == 0:
+                _accumulate0(coef[0][k], coef[1][k], coef[2][k], coef[3][k], out[0], acc)
+            else:
+                _accumulate1(coef[4][k], coef[5][k], out, acc)
+        return acc
 
-    if nthreads > 1 and len(jobs) > 1:
+    if nthreads > 1 and len(tasks) > 1:
         with ThreadPoolExecutor(max_workers=nthreads) as pool:
-            list(pool.map(synth, jobs))
+            sums = list(pool.map(run, tasks))  # in task order, whoever ran them
     else:
-        for job in jobs:
-            synth(job)
-    parts = list(workspace.values())
+        sums = [run(t) for t in tasks]
+    per_bin = [[] for _ in bins]
+    for (bi, _), acc in zip(tasks, sums):
+        per_bin[bi].append(acc)
     for bi, (i0, i1, a, b, L, r, g) in enumerate(bins):
         basis = _bin_basis(a, b, L, g)
         loc, eth, eph, coef = targets[bi]
-        acc = parts[0][1][bi].copy()
-        for ws in parts[1:]:
-            acc += ws[1][bi]
+        acc = per_bin[bi][0].copy()
+        for part in per_bin[bi][1:]:
+            acc += part
         kinv = 1.0 / ks[i0:i1]
         gth = acc[2] * kinv
         gph = acc[3] * kinv

@@ -333,6 +333,18 @@ class Attention(Model):
         return "direct"
 
     # ------------------------------------------------------------------ public API
+    def get_state(self) -> dict:
+        """The fast path's memory of how often the in-house series passed its flagged targets (it picks
+        between methods that agree to ``tol``, so the next field depends on it in the last bits)."""
+        return {"series_pass": self._cache["series_pass"]} if "series_pass" in self._cache else {}
+
+    def set_state(self, state: dict):
+        """Restore :meth:`get_state`."""
+        if "series_pass" in state:
+            self._cache["series_pass"] = float(state["series_pass"])
+        else:
+            self._cache.pop("series_pass", None)
+
     def mean_field(self, targets, sources, weights, method=None) -> np.ndarray:
         """Softmax-attention mean m_beta at ``targets`` for the discrete measure sum_j w_j delta_{y_j}.
 
@@ -549,8 +561,7 @@ class Attention(Model):
             heavy = np.zeros(N, dtype=bool)
             heavy[np.argpartition(w, N - N // HEAVY_FRACTION)[N - N // HEAVY_FRACTION:]] = True
         wl = np.where(heavy, 0.0, w)
-        nthreads = numba.get_num_threads()
-        C = _k.sph_coeffs(np.ascontiguousarray(y.T), wl, L, off, ra, rb, pmm, nthreads)
+        C = _k.sph_coeffs(np.ascontiguousarray(y.T), wl, L, off, ra, rb, pmm)
         R = np.sqrt(C[0::2] ** 2 + C[1::2] ** 2).max(axis=0)
         # targets sorted by kappa, each chunk of 128 summed to the degree its largest kappa needs
         order = np.argsort(kappa, kind="stable")

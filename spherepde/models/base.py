@@ -34,3 +34,12 @@ class Model:
     def speed_bound(self) -> float:
         """An upper bound of |v| on the sphere, for any density and time (``inf`` if unknown)."""
         return np.inf
+
+    def get_state(self) -> dict:
+        """Scalars (name -> float) of the model's own history that the next field depends on, in the last
+        bits (e.g. a cost heuristic's memory that picks between methods that agree to ``tol``). The solver
+        checkpoints them with its state, so that a resumed run is identical bit for bit; default none."""
+        return {}
+
+    def set_state(self, state: dict):
+        """Restore :meth:`get_state` (unknown names are ignored: a checkpoint of another version)."""
