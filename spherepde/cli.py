@@ -247,6 +247,21 @@ def main(argv=None) -> int:
     except (FileNotFoundError, RunnerError, _UsageError) as exc:
         log.error("%s", exc)
         return 2
+    except KeyboardInterrupt:
+        log.error("interrupted: rerun the same command to resume from the last checkpoint")
+        return 130
+    except OSError as exc:  # disk full, a file-size limit, an I/O error: one line, what to do (io.WriteError)
+        log.error("%s", exc)
+        from .io import WriteError
+
+        if isinstance(exc, WriteError):
+            # HDF5 still holds the file whose write failed and crashes flushing it at interpreter exit
+            # (SIGSEGV, measured): everything that matters is on disk (the last checkpoint), so leave now
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            logging.shutdown()
+            os._exit(1)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

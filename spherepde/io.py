@@ -45,7 +45,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "DamagedFileError", "ResultsWriter", "check_frames", "load", "load_config_of",
+__all__ = ["FORMAT", "FORMAT_VERSION", "DamagedFileError", "ResultsWriter", "WriteError", "check_frames", "load", "load_config_of",
            "read_checkpoint", "save_result", "versions", "write_checkpoint", "write_fits"]
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,86 @@ FORMAT_VERSION = 2
 
 class DamagedFileError(ValueError):
     """A results file or checkpoint whose content fails its checksum or its layout checks."""
+
+
+class WriteError(OSError):
+    """Writing a results file or checkpoint failed (disk full, a file-size limit, an I/O error)."""
+
+
+def _reason(exc) -> str:
+    """The operating system's reason inside an HDF5 error message ("File too large"), else the message."""
+    import re
+
+    m = re.search(r"error message = '([^']+)'", str(exc))
+    if m:
+        return m.group(1)
+    return getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+
+
+def _writing(path):
+    """Context manager: an OSError or RuntimeError (h5py's) while writing ``path`` becomes a WriteError
+    that says what failed and what to do."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def cm():
+        import sys
+
+        prev = sys.unraisablehook
+        _quiet_h5py_teardown()  # the echoes start inside the failing call
+        try:
+            yield
+        except WriteError:
+            raise
+        except (OSError, RuntimeError) as exc:
+            raise WriteError(f"writing {path} failed: {_reason(exc)}. Free space (or raise the file-size limit) "
+                             "and rerun the same command: the run resumes from its last checkpoint") from exc
+        sys.unraisablehook = prev  # written: nothing to quieten
+    return cm()
+
+
+def _quiet_h5py_teardown():
+    """After a failed write, h5py's objects of that file fail again as they are released ("Exception
+    ignored in ... _dealloc: Can't decrement id ref count"), once per object: the WriteError already said
+    what happened, so these echoes are dropped (every other unraisable exception is reported as before)."""
+    import sys
+
+    prev = sys.unraisablehook
+    if getattr(prev, "_spherepde", False):
+        return
+
+    def hook(u):
+        if isinstance(u.exc_value, RuntimeError) and "decrement id ref count" in str(u.exc_value):
+            return
+        prev(u)
+
+    hook._spherepde = True
+    sys.unraisablehook = hook
+
+
+#: Room asked for beyond each write's own size (HDF5 object headers, B-tree nodes, the rewritten groups).
+WRITE_MARGIN = 64 * 1024
+
+
+def _preflight(path, need: int):
+    """WriteError, before HDF5 touches ``path``, unless its disk has room for ``need`` more bytes (twice,
+    plus WRITE_MARGIN) and the process's file-size limit (``ulimit -f``) allows it. HDF5 cannot recover
+    from a write that fails half-way (h5py then crashes closing the file: SIGSEGV, measured), so a full
+    disk must be found before the write, not by it."""
+    import resource
+    import shutil
+
+    path = Path(path)
+    need = 2 * int(need) + WRITE_MARGIN
+    size = path.stat().st_size if path.exists() else 0
+    free = shutil.disk_usage(path.parent).free
+    hint = "Free space (or raise the file-size limit) and rerun the same command: the run resumes from its last checkpoint"
+    if free < need:
+        raise WriteError(f"writing {path} needs about {need} bytes and its disk has {free} free. {hint}")
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if soft != resource.RLIM_INFINITY and size + need > soft:
+        raise WriteError(f"writing {path} would take it to about {size + need} bytes, past the file-size limit "
+                         f"(ulimit -f) of {soft} bytes. {hint}")
 
 
 def _canon(v) -> bytes:
@@ -178,6 +258,11 @@ def _config_text_json(config):
     return config.text, config.to_json()
 
 
+def _dict_bytes(data: dict | None) -> int:
+    """Bytes of a group of arrays as written (data and about 1 KB of HDF5 headers per dataset)."""
+    return sum(np.asarray(v).nbytes + 1024 for v in (data or {}).values())
+
+
 def _write_dict_group(parent, name, data: dict):
     if name in parent:
         del parent[name]
@@ -245,7 +330,8 @@ class ResultsWriter:
         self.n_cells = grid.n_cells
         if resume is None:
             tmp = self.path.with_name(self.path.name + ".tmp")
-            with h5py.File(tmp, "w") as h:
+            _preflight(tmp, 8 * grid.n_cells * (grid.dim + 1) + 16384)
+            with _writing(tmp), h5py.File(tmp, "w") as h:
                 _write_header(h, config, grid, options, model)
                 h.create_dataset("times", shape=(0,), maxshape=(None,), dtype="f8")
                 h.create_dataset("density", shape=(0, grid.n_cells), maxshape=(None, grid.n_cells), dtype="f8",
@@ -291,6 +377,11 @@ class ResultsWriter:
     def append(self, t: float, f: np.ndarray, diagnostics: dict | None = None, n_steps: int = 0,
                wall_time: float = 0.0):
         """Append the density ``f`` at time ``t`` (and refresh the diagnostics); flushed to disk."""
+        _preflight(self.path, 8 * self.n_cells + 128 + _dict_bytes(diagnostics))
+        with _writing(self.path):
+            self._append(t, f, diagnostics, n_steps, wall_time)
+
+    def _append(self, t, f, diagnostics, n_steps, wall_time):
         n = self.n_saved
         self.h["times"].resize((n + 1,))
         self.h["times"][n] = t
@@ -306,19 +397,28 @@ class ResultsWriter:
 
     def write_group(self, name: str, data: dict):
         """Write (replace) a group of arrays, e.g. ``"concentration"`` or ``"particles"``."""
-        _write_dict_group(self.h, name, data)
-        self.h.flush()
+        _preflight(self.path, _dict_bytes(data))
+        with _writing(self.path):
+            _write_dict_group(self.h, name, data)
+            self.h.flush()
 
     def finish(self, diagnostics: dict, n_steps: int, wall_time: float):
-        _write_dict_group(self.h, "diagnostics", diagnostics)
-        self.h.attrs["n_steps"] = int(n_steps)
-        self.h.attrs["wall_time"] = float(wall_time)
-        self.h.attrs["complete"] = True
-        self.h.flush()
+        _preflight(self.path, _dict_bytes(diagnostics))
+        with _writing(self.path):
+            _write_dict_group(self.h, "diagnostics", diagnostics)
+            self.h.attrs["n_steps"] = int(n_steps)
+            self.h.attrs["wall_time"] = float(wall_time)
+            self.h.attrs["complete"] = True
+            self.h.flush()
 
     def close(self):
+        """Close the file; after a failed write (disk full) closing fails too, and is then only logged: the
+        file is damaged, its checksums tell, and the error that matters is the write's."""
         if self.h.id.valid:
-            self.h.close()
+            try:
+                self.h.close()
+            except (OSError, RuntimeError) as exc:
+                log.debug("closing %s after a failed write: %s", self.path, exc)
 
     def __enter__(self):
         return self
@@ -452,9 +552,39 @@ def write_checkpoint(path, state: dict, extra: dict | None = None):
     extra : dict of scalars
         Runner bookkeeping (number of saved frames, elapsed wall time, config JSON, ...).
     """
+    import io as _pyio
+
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with h5py.File(tmp, "w") as h:
+    # built in memory, then written with one plain write: a full disk is a clean OSError of that write
+    # (HDF5 writing to a full disk cannot recover, and h5py then crashes closing the file)
+    buf = _pyio.BytesIO()
+    _write_checkpoint_to(buf, state, extra)
+    data = buf.getvalue()
+    with _writing(tmp):
+        _preflight(tmp, len(data) // 2)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    os.replace(tmp, path)
+    # persist the rename itself
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:  # pragma: no cover - some file systems refuse fsync on directories
+        pass
+
+
+def _write_checkpoint_to(target, state, extra):
+    with h5py.File(target, "w") as h:
         h.attrs["t"] = float(state["t"])
         h.attrs["n_steps"] = int(state["n_steps"])
         h.attrs["l0"] = float(state["l0"])
@@ -473,18 +603,6 @@ def write_checkpoint(path, state: dict, extra: dict | None = None):
         for k, v in (extra or {}).items():
             h.attrs[f"extra_{k}"] = v
         h.attrs["sha256"] = _checkpoint_digest(state, extra or {})
-        h.flush()
-        os.fsync(h.id.get_vfd_handle())
-    os.replace(tmp, path)
-    # persist the rename itself
-    try:
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:  # pragma: no cover - some file systems refuse fsync on directories
-        pass
 
 
 def read_checkpoint(path):

@@ -361,7 +361,7 @@ def postprocess(result, cfg: ExperimentConfig, output, figures: bool = True):
     if groups:
         import h5py
 
-        with h5py.File(res_path, "a") as h:
+        with _io._writing(res_path), h5py.File(res_path, "a") as h:
             for name, data in groups.items():
                 _io._write_dict_group(h, name, data)
     if cfg.output.fits and getattr(result.grid, "nside", None) is not None:
