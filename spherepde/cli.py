@@ -127,7 +127,10 @@ def _cmd_plot(args) -> int:
     path = Path(args.results)
     if path.is_dir():
         path = path / "results.h5"
-    result = io.load(path)
+    try:
+        result = io.load(path)
+    except ValueError as exc:  # not a results file, or a damaged one (io.DamagedFileError): one line
+        raise _UsageError(str(exc)) from None
     cfg = result.metadata.get("config")
     kinds = args.kinds or (list(cfg.output.plots) if cfg is not None else ["maps", "diagnostics"])
     if result.grid is None:

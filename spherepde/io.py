@@ -482,32 +482,37 @@ def load(path, rebuild: bool = True, verify: bool = True):
     from .solver import Options, Result
 
     path = Path(path)
-    with h5py.File(path, "r") as h:
-        if h.attrs.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a spherepde results file (attribute format = "
-                             f"{h.attrs.get('format')!r}, expected {FORMAT!r})")
-        _check_readable(path, h)
-        if verify:
-            _verify(path, h)
-        times = h["times"][()]
-        density = h["density"][()]
-        diagnostics = _read_group(h, "diagnostics")
-        text = h["config"].attrs.get("toml", "")
-        opt_json = h["config"].attrs.get("options_json", "")
-        vers = dict(h["versions"].attrs)
-        gattrs = dict(h["grid"].attrs)
-        meta = {
-            "versions": {k: str(v) for k, v in vers.items()},
-            "grid_attrs": {k: (v.item() if getattr(v, "size", 1) == 1 and hasattr(v, "item") else v)
-                           for k, v in gattrs.items()},
-            "complete": bool(h.attrs.get("complete", False)),
-            "path": str(path),
-            "concentration": _read_group(h, "concentration"),
-            "particles": _read_group(h, "particles"),
-            "created": str(h.attrs.get("created", "")),
-        }
-        n_steps = int(h.attrs.get("n_steps", 0))
-        wall = float(h.attrs.get("wall_time", 0.0))
+    try:
+        with h5py.File(path, "r") as h:
+            if h.attrs.get("format") != FORMAT:
+                raise ValueError(f"{path} is not a spherepde results file (attribute format = "
+                                 f"{h.attrs.get('format')!r}, expected {FORMAT!r})")
+            _check_readable(path, h)
+            if verify:
+                _verify(path, h)
+            times = h["times"][()]
+            density = h["density"][()]
+            diagnostics = _read_group(h, "diagnostics")
+            text = h["config"].attrs.get("toml", "")
+            opt_json = h["config"].attrs.get("options_json", "")
+            vers = dict(h["versions"].attrs)
+            gattrs = dict(h["grid"].attrs)
+            meta = {
+                "versions": {k: str(v) for k, v in vers.items()},
+                "grid_attrs": {k: (v.item() if getattr(v, "size", 1) == 1 and hasattr(v, "item") else v)
+                               for k, v in gattrs.items()},
+                "complete": bool(h.attrs.get("complete", False)),
+                "path": str(path),
+                "concentration": _read_group(h, "concentration"),
+                "particles": _read_group(h, "particles"),
+                "created": str(h.attrs.get("created", "")),
+            }
+            n_steps = int(h.attrs.get("n_steps", 0))
+            wall = float(h.attrs.get("wall_time", 0.0))
+    except (ValueError, FileNotFoundError):
+        raise
+    except (OSError, KeyError, RuntimeError, TypeError) as exc:  # truncated, overwritten, not HDF5, ...
+        raise DamagedFileError(f"{path}: not readable as a results file ({_reason(exc)}): a damaged file") from None
     config = parse_config(text) if text else None
     meta["config"] = config
     options = Options(**json.loads(opt_json)) if opt_json else (config.options() if config else Options())

@@ -165,6 +165,9 @@ def _run_locked(cfg, out: Path, restart, progress, figures, stop_after_steps):
         if extra is not None and extra.get("done"):
             try:
                 result = _io.load(res_path)
+                stored = result.metadata.get("config")
+                if stored is None or stored.to_json() != cfg_json:
+                    raise ValueError("it holds the results of another configuration")
                 if len(result.times) != len(cfg.save_times()):
                     raise ValueError(f"it holds {len(result.times)} saved frames, the run has {len(cfg.save_times())}")
                 _io.check_frames(result.density, str(res_path))
