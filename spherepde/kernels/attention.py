@@ -37,6 +37,11 @@ __all__ = ["direct3", "direct3_sums", "direct_nd", "pruned", "pruned3", "sph_tai
 
 # reassoc lets LLVM vectorise the reductions; no 'nnan'/'ninf' (LW holds -inf on purpose).
 _FM = {"reassoc", "contract", "nsz", "arcp"}
+#: For kernels whose every operation is elementwise (no reduction to vectorise): no 'reassoc'. With
+#: 'reassoc' and 'contract' together, sph_eval loaded from numba's cache gave other bits than the same
+#: function compiled in the process (measured on identical inputs: a process that compiled the kernels
+#: and one that loaded them disagreed in the last bits); either flag alone gives the same bits.
+_FM_ELEMENTWISE = {"contract", "nsz", "arcp"}
 #: A shifted denominator below this is recomputed with the exact log-domain shift (its terms may be
 #: subnormal, or all zero, when the target is far from all mass or the weights are tiny).
 TINY = 1e-200
@@ -603,6 +608,11 @@ def sph_coeffs(S, W, L, offset, ra, rb, pmm):
                     i = offset[m] + l - m
                     a = ra[i]
                     b = rb[i]
+                    if l > m:  # the recurrence, elementwise: its own loop (see below)
+                        for jj in range(n):
+                            p = a * (S[2, j0 + jj] * P1[jj] - b * P2[jj])
+                            P2[jj] = P1[jj]
+                            P1[jj] = p
                     s0 = 0.0
                     s1 = 0.0
                     s2 = 0.0
@@ -611,14 +621,13 @@ def sph_coeffs(S, W, L, offset, ra, rb, pmm):
                     s5 = 0.0
                     s6 = 0.0
                     s7 = 0.0
-                    first = l == m
+                    # a reduction loop that only reads. With the recurrence's stores in it (as before) the
+                    # moments' bits varied between fresh processes on identical inputs (4 distinct results
+                    # in 12 processes at one thread, measured; 1 in 12 after the split). The likely
+                    # mechanism: a loop that stores is vectorised behind a run-time alias check on the
+                    # buffers' addresses, and where the check fails the sum runs in scalar order
                     for jj in range(n):
-                        if first:
-                            p = P1[jj]
-                        else:
-                            p = a * (S[2, j0 + jj] * P1[jj] - b * P2[jj])
-                            P2[jj] = P1[jj]
-                            P1[jj] = p
+                        p = P1[jj]
                         s0 += G[0, jj] * p
                         s1 += G[1, jj] * p
                         s2 += G[2, jj] * p
@@ -685,7 +694,7 @@ def sph_tail(kap, L, ext):
     return _ibessel_scaled(kap, L, il, ext)
 
 
-@nb.njit(parallel=True, fastmath=_FM, cache=True)
+@nb.njit(parallel=True, fastmath=_FM_ELEMENTWISE, cache=True)
 def sph_eval(U, kappa, C, R, Lc, offset, ra, rb, pmm, out, absum, tail):
     """Funk-Hecke evaluation of the four maps at the targets.
 
