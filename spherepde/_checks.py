@@ -56,6 +56,8 @@ def positive_int(value, name: str, minimum: int = 1) -> int:
 
 
 def finite_float(value, name: str, *, low=None, high=None, low_open=False, high_open=False) -> float:
+    if isinstance(value, (bool, np.bool_)):  # float(True) is 1.0: a flag passed for a number is a mistake
+        raise TypeError(f"{name} must be a real number, got {value!r}")
     try:
         v = float(value)
     except (TypeError, ValueError):

@@ -86,6 +86,7 @@ def _cmd_run(args) -> int:
 
     cfg = load_config(args.experiment)
     if args.check:
+        cfg.build_all()  # grid, model and f0 as the run builds them: a config that passes can run
         log.info("%s: configuration is valid", args.experiment)
         return 0
     out = Path(args.output) if args.output else Path("output") / Path(args.experiment).stem

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -67,6 +68,10 @@ MATRIX_PRESETS = {
 
 #: Figure kinds the runner and ``spherepde plot`` know.
 PLOTS = ("maps", "diagnostics", "concentration", "animation", "particles")
+
+#: Most saved frames of a run (t_end / save_every), and the largest vMF concentration of an initial density.
+MAX_FRAMES = 1e6
+MAX_KAPPA = 1e10
 
 GRID_TYPES = ("healpix", "tensor")
 MODEL_TYPES = ("zero_temperature", "attention", "prescribed_rotation", "prescribed_linear")
@@ -434,6 +439,9 @@ class InitialConfig:
         kappas = _number_list(sec, "kappas", w, c, what="concentrations")
         if kappas is None:
             raise ConfigError(f"{w}.kappas", None, f"a number or a list of {c} concentrations >= 0 (required)")
+        if max(kappas) > MAX_KAPPA:
+            raise ConfigError(f"{w}.kappas", sec["kappas"], f"concentrations <= {MAX_KAPPA:.0e} (a cap of angular width "
+                              "1e-5 rad, far below any grid cell)")
         weights = _number_list(sec, "weights", w, c, default=[1.0] * c, what="weights")
         if sum(weights) <= 0:
             raise ConfigError(f"{w}.weights", sec["weights"], "weights >= 0 with a positive sum")
@@ -495,6 +503,9 @@ class TimeConfig:
         _check_keys(sec, ("t_end", "save_every", "save_at"), w)
         t_end = _float(sec, "t_end", w, lo=0.0, required=True)
         every = _float(sec, "save_every", w, lo=0.0, lo_open=True)
+        if every is not None and t_end / every > MAX_FRAMES:
+            raise ConfigError(f"{w}.save_every", every, f"at most {MAX_FRAMES:.0e} saved frames: t_end / save_every = "
+                              f"{t_end / every:.3g} (t_end = {t_end:g})")
         at = None
         if "save_at" in sec:
             if every is not None:
@@ -645,6 +656,14 @@ class ExperimentConfig:
     def build_initial(self, grid) -> np.ndarray:
         return self.initial.build(grid)
 
+    def build_all(self):
+        """(grid, model, f0) as a run builds them; a failure is a ConfigError naming the key or section
+        (``spherepde run --check`` builds them too, so a config that passes the check can run)."""
+        grid = _built(self.build_grid, "grid", self.raw.get("grid", {}))
+        model = _built(self.build_model, "model", self.raw.get("model", {}))
+        f0 = _built(lambda: self.build_initial(grid), "initial", self.raw.get("initial", {}))
+        return grid, model, f0
+
     def save_times(self) -> np.ndarray:
         return self.time.save_times()
 
@@ -702,20 +721,41 @@ def parse_config(source) -> ExperimentConfig:
     if model.dim != grid.dim:
         raise ConfigError("model", f"dimension {model.dim}", f"the grid's dimension d = {grid.dim} (matrix size)")
     initial = InitialConfig.parse(raw.get("initial", {}), grid.dim)
-    return ExperimentConfig(
+    cfg = ExperimentConfig(
         grid=grid, model=model, initial=initial, time=TimeConfig.parse(raw["time"]),
         scheme=SchemeConfig.parse(raw.get("scheme", {})), output=OutputConfig.parse(raw.get("output", {})),
         particles=ParticlesConfig.parse(raw["particles"]) if "particles" in raw else None,
         name=raw.get("name", "experiment"), description=raw.get("description", ""), raw=raw, text=text,
     )
+    _built(lambda: cfg.build_model(), "model", raw["model"])  # cheap, and what a run needs first
+    return cfg
+
+
+def _built(make, section: str, sec: dict):
+    """``make()``; a ValueError, TypeError or OverflowError it raises (a constraint between keys, e.g.
+    beta * |B| too large) becomes a ConfigError naming the key the message names, else the section."""
+    try:
+        return make()
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, OverflowError) as exc:
+        msg = str(exc)
+        words = re.findall(r"[A-Za-z_]+", msg.split(":")[0])  # the key the message is about comes first
+        key = next((w for w in words if w in sec), None)
+        where = f"{section}.{key}" if key else f"[{section}]"
+        raise ConfigError(where, sec.get(key) if key else None, f"a value the run can use ({msg})") from None
 
 
 def load_config(path) -> ExperimentConfig:
     """Read and validate an experiment TOML file (see :func:`parse_config`)."""
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"experiment file not found: {p}")
-    return parse_config(p.read_text())
+        raise FileNotFoundError(f"experiment file not found: {p}" + (" (a directory)" if p.is_dir() else ""))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError("file", str(p), f"a UTF-8 TOML text file ({exc.reason} at byte {exc.start})") from None
+    return parse_config(text)
 
 
 # ----------------------------------------------------------------------------------------- TOML writer

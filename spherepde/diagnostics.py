@@ -19,6 +19,7 @@ import logging
 import numpy as np
 from scipy.special import logsumexp
 
+from ._checks import finite_float, real_array
 from .kernels.particles import launch, softmax_mean
 from .spectral import SpectralData, as_basis, lyapunov_vp, spectral_data
 from .wasserstein import wasserstein2
@@ -29,8 +30,8 @@ logger = logging.getLogger(__name__)
 
 
 def _measure(points, weights):
-    x = np.ascontiguousarray(np.atleast_2d(np.asarray(points, dtype=float)))
-    w = np.asarray(weights, dtype=float).reshape(-1)
+    x = np.ascontiguousarray(np.atleast_2d(real_array(points, "points")))
+    w = real_array(weights, "weights").reshape(-1)
     if x.ndim != 2 or w.shape != (x.shape[0],):
         raise ValueError(f"points (n, d) and weights (n,) must match, got {np.shape(points)} and "
                          f"{np.shape(weights)}")
@@ -74,7 +75,8 @@ def interaction_energy(points, weights, B, beta: float, log: bool = False) -> fl
     beta : float
         Inverse temperature, finite and >= 0.
     log : bool, default False
-        Return log E_B (finite for any beta) instead of E_B (which overflows to inf beyond ~exp(709)).
+        Return log E_B (finite for any beta) instead of E_B (beyond ~exp(709), E_B is an OverflowError that
+        says so).
 
     Returns
     -------
@@ -90,9 +92,7 @@ def interaction_energy(points, weights, B, beta: float, log: bool = False) -> fl
     Bm = np.ascontiguousarray(np.asarray(B, dtype=float))
     if Bm.shape != (d, d) or not np.all(np.isfinite(Bm)):
         raise ValueError(f"B must be a finite {d} x {d} matrix, got shape {Bm.shape}")
-    beta = float(beta)
-    if not np.isfinite(beta) or beta < 0:
-        raise ValueError(f"beta must be finite and >= 0, got {beta}")
+    beta = finite_float(beta, "beta", low=0.0)
     if not w.sum() > 0:
         raise ValueError("weights must have positive total mass")
     keep = w > 0
@@ -104,9 +104,8 @@ def interaction_energy(points, weights, B, beta: float, log: bool = False) -> fl
     logE = float(logsumexp(logw + lse))
     if log:
         return logE
-    if logE > 709.0:
-        logger.warning("interaction_energy overflows (log E = %.6g); use log=True", logE)
-        return np.inf
+    if logE > 709.0:  # not inf as if it were a value: say what to do
+        raise OverflowError(f"E_B = exp({logE:.6g}) overflows a float at beta = {beta:g}: use log=True for log E_B")
     return float(np.exp(logE))
 
 

@@ -37,7 +37,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from ._checks import as_points, finite_float
+from ._checks import as_points, finite_float, real_array
 from .kernels.particles import hardmax_mean, launch, softmax_mean
 from .models.base import Model, tangent_project
 from .models.zero_temperature import ZeroTemperature
@@ -276,7 +276,7 @@ def _model_dim(model) -> int:
 def _check_weights(weights, n: int) -> np.ndarray:
     if weights is None:
         return np.full(n, 1.0 / n)
-    w = np.array(weights, dtype=float)
+    w = real_array(weights, "weights")
     if w.shape != (n,):
         raise ValueError(f"weights must have shape ({n},) (one mass per token), got {w.shape}")
     if not np.all(np.isfinite(w)) or np.any(w < 0):
@@ -301,9 +301,14 @@ def _check_x0(x0, d: int) -> np.ndarray:
     return _normalise(x)
 
 
+#: Most fixed steps a particle run may ask for (t_end / dt): beyond, a clear error instead of an
+#: array of knots that does not fit in memory (t_end = 1e308 or dt = 1e-320).
+MAX_FIXED_STEPS = 1e8
+
+
 def _time_knots(t_end: float, dt: float, save_at):
     """Step end points: the uniform grid k dt, the save times and t_end, merged within 1e-9 dt."""
-    tol_merge = 1e-9 * dt
+    tol_merge = 1e-9 * (min(dt, t_end) if t_end > 0 else dt)
     if isinstance(save_at, str):
         if save_at != "all":
             raise ValueError(f"save_at must be None, 'all' or an increasing array of times, got {save_at!r}")
@@ -311,7 +316,7 @@ def _time_knots(t_end: float, dt: float, save_at):
     elif save_at is None:
         save = np.array([0.0, t_end]) if t_end > 0 else np.array([0.0])
     else:
-        save = np.atleast_1d(np.array(save_at, dtype=float))
+        save = np.atleast_1d(real_array(save_at, "save_at"))
         if save.ndim != 1 or save.size == 0:
             raise ValueError("save_at must be a non-empty 1-D array of times")
         if not np.all(np.isfinite(save)):
@@ -322,7 +327,7 @@ def _time_knots(t_end: float, dt: float, save_at):
         if save[0] < -slack or save[-1] > t_end + slack:
             raise ValueError(f"save_at must lie within [0, t_end] = [0, {t_end:g}], got [{save[0]:g}, {save[-1]:g}]")
         save = np.clip(save, 0.0, t_end)
-    n_uniform = int(np.ceil(t_end / dt - 1e-9))
+    n_uniform = max(1, int(np.ceil(t_end / dt - 1e-9))) if t_end > 0 else 0  # dt > t_end: one step
     grid = np.minimum(np.arange(n_uniform + 1) * dt, t_end)
     pts = np.concatenate([grid, [t_end], save if save is not None else []])
     pts.sort()
@@ -431,6 +436,9 @@ def simulate_particles(
     step, error, _, q = SCHEMES[method]
     controller = StepController(1.0 / q)  # the PDE solver's step-size rule
     if rtol is None:
+        if t_end / dt > MAX_FIXED_STEPS:
+            raise ValueError(f"t_end / dt = {t_end / dt:.3g} fixed steps (t_end = {t_end:g}, dt = {dt:g}) exceed "
+                             f"{MAX_FIXED_STEPS:.0e}: raise dt, shorten t_end, or use adaptive steps (rtol=...)")
         knots, save_idx = _time_knots(t_end, dt, save_at)
     else:  # adaptive: the knots are only the save times (and t_end), the steps come from the controller
         if isinstance(save_at, str) and save_at == "all":

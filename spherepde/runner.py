@@ -181,12 +181,10 @@ def _run_locked(cfg, out: Path, restart, progress, figures, stop_after_steps):
                 return result
     (out / CONFIG_NAME).write_text(cfg.text)
 
-    grid = cfg.build_grid()
-    model = cfg.build_model()
+    grid, model, f0 = cfg.build_all()
     options = cfg.options()
     save = cfg.save_times()
     t_end = cfg.time.t_end
-    f0 = cfg.build_initial(grid)
     solver = Solver(grid, model, f0, options)
     n_saved = 0
     wall_before = 0.0

@@ -72,11 +72,23 @@ def vmf_mean_resultant(kappa, d: int):
     return np.where(k == 0, 0.0, r)
 
 
+#: Beyond this concentration :func:`_wood_cosines` samples the cosine directly (see there).
+LARGE_KAPPA = 1e8
+
+
 def _wood_cosines(n: int, kappa: float, d: int, g: np.random.Generator) -> np.ndarray:
     """n iid samples of w = <x, mu> under vMF(mu, kappa) on S^(d-1), by Wood's rejection (exact)."""
     if kappa == 0.0:
         # the marginal of a uniform point: w = 2 Z - 1, Z ~ Beta((d-1)/2, (d-1)/2)
         return 2.0 * g.beta((d - 1) / 2.0, (d - 1) / 2.0, size=n) - 1.0
+    if kappa >= LARGE_KAPPA:
+        # Wood's constants lose every digit here (x0 rounds to 1; kappa**2 overflows near 1e154). On S^2
+        # the inverse CDF is exact and stable: w = 1 + log(u + (1 - u) e^(-2 kappa)) / kappa. For d != 3,
+        # 1 - w ~ Gamma((d - 1) / 2, 1 / kappa), the law's limit, off by O(1 / kappa) <= 1e-8 relative.
+        u = g.random(n)
+        if d == 3:
+            return np.clip(1.0 + np.log(u + (1.0 - u) * np.exp(-2.0 * kappa)) / kappa, -1.0, 1.0)
+        return np.clip(1.0 - g.gamma((d - 1) / 2.0, 1.0, size=n) / kappa, -1.0, 1.0)
     m = d - 1.0
     # b = (-2k + sqrt(4k^2 + m^2)) / m, written without cancellation for large kappa
     b = m / (2.0 * kappa + np.sqrt(4.0 * kappa**2 + m**2))

@@ -108,7 +108,7 @@ class Options:
             raise ValueError(f"scheme must be one of {SCHEMES}, got {self.scheme!r}")
         if self.limiter not in LIMITERS:
             raise ValueError(f"limiter must be one of {LIMITERS}, got {self.limiter!r}")
-        if self.stepper not in STEPPERS:
+        if not isinstance(self.stepper, str) or self.stepper not in STEPPERS:
             raise ValueError(f"stepper must be one of {tuple(STEPPERS)}, got {self.stepper!r}")
         object.__setattr__(self, "cfl", finite_float(self.cfl, "cfl", low=0.0, high=1.0, low_open=True))
         if not isinstance(self.error_control, (bool, np.bool_)):
@@ -183,7 +183,7 @@ def _save_times(save_at, t0: float, t_end: float) -> np.ndarray:
     if save_at is None:
         s = np.array([t0, t_end]) if t_end > t0 else np.array([t0])
     else:
-        s = np.atleast_1d(np.array(save_at, dtype=float))
+        s = np.atleast_1d(real_array(save_at, "save_at"))
         if s.ndim != 1 or not np.all(np.isfinite(s)):
             raise ValueError("save_at must be a 1-D list of finite times")
         if np.any(np.diff(s) <= 0):
@@ -205,6 +205,11 @@ class Solver:
         self.options = Options() if options is None else options
         if not isinstance(self.options, Options):
             raise TypeError(f"options must be a spherepde.Options, got {type(self.options).__name__}")
+        if not (hasattr(grid, "dim") and hasattr(grid, "n_cells") and hasattr(grid, "areas")):
+            raise TypeError(f"grid must be a spherepde grid (HealpixGrid, TensorGrid), got {type(grid).__name__}")
+        if not hasattr(model, "field"):
+            raise TypeError(f"model must be a spherepde model (Attention, ZeroTemperature, Prescribed), got "
+                            f"{type(model).__name__}")
         if getattr(model, "dim", None) != grid.dim:
             raise ValueError(f"model.dim ({getattr(model, 'dim', None)}) must equal grid.dim ({grid.dim})")
         self.grid = grid
@@ -450,7 +455,8 @@ class Solver:
         rejected, err = 0, 0.0
         tiny = 1e-14 * max(1.0, abs(self.t))
         while True:
-            if dt <= tiny or rejected >= 60:
+            # a tiny step that only lands on the target (t_end = 1e-300, a save time just ahead) is fine
+            if (dt <= tiny and (rejected > 0 or dt < dt_max)) or rejected >= 60:
                 raise RuntimeError(f"step size underflow at t = {self.t} (dt = {dt:.3e} after {rejected} "
                                    f"rejected attempts): the error estimate cannot meet rtol = {opt.rtol:g}, "
                                    f"atol = {opt.atol:g}; loosen them or check the model")
@@ -553,10 +559,13 @@ class Solver:
         left = opt.max_steps - self.n_steps
         if need <= left:
             return
-        msg = (f"t_end = {t_end:g} needs at least {need:.3g} steps from t = {self.t:g} (the CFL limit of the step "
-               f"is {dt_up:.3g}), more than the {left} left of max_steps = {opt.max_steps}: shorten t_end, or "
-               f"raise Options.max_steps (config scheme.max_steps)")
-        if getattr(self.model, "local", False) and getattr(self.model, "steady", False):
+        msg = (f"t_end = {t_end:g} needs at least {need:.3g} steps from t = {self.t:g} (the step is at most "
+               f"{dt_up:.3g}: cfl = {opt.cfl:g} over the field's Courant rate, and max_dt = {opt.max_dt:g}), more "
+               f"than the {left} left of max_steps = {opt.max_steps}: shorten t_end, raise cfl or max_dt, or raise "
+               f"Options.max_steps (config scheme.max_steps)")
+        # a field that changes with the density or in time may speed up or slow down, but not by a factor
+        # 100 over a run: beyond that the estimate is refused too
+        if (getattr(self.model, "local", False) and getattr(self.model, "steady", False)) or need > 100 * left:
             raise ValueError(msg)
         log.warning("%s (estimated from the current field, which changes)", msg)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._checks import as_matrix, finite_float
+from ._checks import as_matrix, finite_float, real_array
 
 __all__ = ["SpectralData", "spectral_data", "projection", "limit_measure", "lyapunov_vp", "vp_cell_averages",
            "lyapunov_vp_uniform",
@@ -252,12 +252,13 @@ def projection(x, E, perp_tol: float = PERP_TOL) -> np.ndarray:
 
 
 def _check_measure(points, weights, d=None):
-    x = np.atleast_2d(np.asarray(points, dtype=float))
+    x = np.atleast_2d(real_array(points, "points"))
     if x.ndim != 2 or (d is not None and x.shape[1] != d):
         raise ValueError(f"points must have shape (n, {d if d else 'd'}), got {np.shape(points)}")
-    w = np.asarray(weights, dtype=float).reshape(-1)
+    w = real_array(weights, "weights").reshape(-1)
     if w.shape != (x.shape[0],):
-        raise ValueError(f"weights must have shape ({x.shape[0]},) (one per point), got {np.shape(weights)}")
+        raise ValueError(f"weights must have shape ({x.shape[0]},) (one per point: points has {x.shape[0]} rows), "
+                         f"got {np.shape(weights)}")
     if not (np.all(np.isfinite(x)) and np.all(np.isfinite(w))):
         raise ValueError("points and weights must be finite")
     if np.any(w < 0):

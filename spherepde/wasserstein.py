@@ -21,6 +21,8 @@ import logging
 
 import numpy as np
 
+from ._checks import real_array
+
 __all__ = ["wasserstein2", "wasserstein2_two_atoms", "coarsen_measure", "cost_matrix", "MAX_LP_SIZE",
            "COSTS"]
 
@@ -33,8 +35,8 @@ COSTS = ("chordal", "geodesic")
 
 
 def _measure(points, weights, name):
-    x = np.atleast_2d(np.asarray(points, dtype=float))
-    w = np.asarray(weights, dtype=float).reshape(-1)
+    x = np.atleast_2d(real_array(points, f"points_{name}"))
+    w = real_array(weights, f"weights_{name}").reshape(-1)
     if x.ndim != 2 or x.shape[0] != w.shape[0]:
         raise ValueError(f"points_{name} (n, d) and weights_{name} (n,) must match, got {np.shape(points)} "
                          f"and {np.shape(weights)}")
@@ -154,8 +156,10 @@ def coarsen_measure(points, weights, size: int, method: str = "healpix", rng=0, 
         inequality a W2 computed on coarsened measures is off by at most the sum of the two
         displacements (geodesic cost: times pi / 2).
     """
-    x = np.atleast_2d(np.asarray(points, dtype=float))
-    w = np.asarray(weights, dtype=float).reshape(-1)
+    x = np.atleast_2d(real_array(points, "points"))
+    w = real_array(weights, "weights").reshape(-1)
+    if x.ndim != 2 or w.shape != (x.shape[0],):
+        raise ValueError(f"points (n, d) and weights (n,) must match, got {x.shape} and {w.shape}")
     n, d = x.shape
     if size < 1:
         raise ValueError(f"size must be >= 1, got {size}")

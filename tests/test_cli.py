@@ -84,6 +84,28 @@ def test_bad_config_exit_status_and_message(tmp_path, caplog):
     assert main(["-q", "run", str(tmp_path / "missing.toml")]) == 2
 
 
+@pytest.mark.parametrize("change, key", [
+    # issue #21 item 10 / the fuzz matrix: these passed --check and then the run raised a traceback
+    (("type = \"zero_temperature\"", "type = \"attention\"\nbeta = 1e308"), "model.beta"),
+    (("t_end = 0.5", "t_end = 1e308"), "time.save_every"),
+    (("kappas = 2.0", "kappas = 1e308"), "initial.kappas"),
+])
+def test_a_config_that_passes_check_can_run(tmp_path, caplog, change, key):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(TINY.replace(*change))
+    with caplog.at_level(logging.ERROR, logger="spherepde.cli"):
+        assert main(["-q", "run", str(cfg), "--check"]) == 2
+    assert key in caplog.text and len(caplog.records) == 1
+
+
+def test_binary_config_file_is_one_line(tmp_path, caplog):
+    cfg = tmp_path / "c.toml"
+    cfg.write_bytes(b"\x00\xff" * 40)
+    with caplog.at_level(logging.ERROR, logger="spherepde.cli"):
+        assert main(["-q", "run", str(cfg), "--check"]) == 2
+    assert "UTF-8" in caplog.text
+
+
 def test_validate_discovers_and_passes_quick(tmp_path):
     root = tmp_path / "validation"
     for name in ("study_a", "study_b"):

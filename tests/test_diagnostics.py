@@ -52,7 +52,8 @@ def test_interaction_energy_matches_twin(beta):
 def test_interaction_energy_overflow_handled():
     x = sample_uniform(20, 3, 2)
     w = np.full(20, 0.05)
-    assert interaction_energy(x, w, np.eye(3), 1e4) == np.inf  # exp(~1e4) overflows
+    with pytest.raises(OverflowError, match="log=True"):  # exp(~1e4) overflows: an error saying what to do
+        interaction_energy(x, w, np.eye(3), 1e4)
     assert np.isfinite(interaction_energy(x, w, np.eye(3), 1e4, log=True))
     # a single Dirac: E = exp(beta <x, B x>) exactly
     assert interaction_energy([[0.0, 0.0, 1.0]], [1.0], np.eye(3), 800.0, log=True) == pytest.approx(800.0)

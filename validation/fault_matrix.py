@@ -300,11 +300,14 @@ class Matrix:
         detail = ""
         if complete:  # what a reader gets from the damaged file
             try:
-                io.load(d / "results.h5")
+                back = io.load(d / "results.h5")
                 got = fingerprint(d / "results.h5")
-                detail = "load: the data intact" if got == ref else "load: DIFFERENT DATA"
-                if got != ref:
-                    return self.record("corruption", case, f"{target}:{cls}", "WRONG", detail)
+                if got == ref:
+                    detail = "load: the data intact"
+                elif back.metadata["config"] is not None and back.metadata["config"].text != self.cfg(case).read_text():
+                    detail = "load: another run's intact file (its stored configuration says so)"
+                else:
+                    return self.record("corruption", case, f"{target}:{cls}", "WRONG", "load: DIFFERENT DATA")
             except (ValueError, OSError) as exc:
                 detail = f"load: {type(exc).__name__}"
         rc, _, err = cli(["run", str(self.cfg(case)), "-o", str(d)])
@@ -323,8 +326,12 @@ class Matrix:
         while not (d / "checkpoint.h5").exists() and time.time() < deadline and p.poll() is None:
             time.sleep(0.01)
         rc2, _, err2 = cli(["run", str(cfg), "-o", str(d), "--restart"])
+        live = p.poll() is None  # the first run still held the directory when the second one finished
         _, err1 = p.communicate()
         first = classify_run(p.returncode, err1, d, ref)
+        if not live and rc2 == 0:
+            return self.record("live dir", case, "second run, --restart", "void",
+                               "the first run ended before the second started: not a live directory")
         ok = rc2 == 2 and one_line_error(rc2, err2) and first == "identical"
         return self.record("live dir", case, "second run, --restart", "refused" if ok else "WRONG",
                            f"second: exit {rc2}; first: {first}")
@@ -390,8 +397,8 @@ def run(quick: bool, work: Path) -> list[dict]:
         m.disk_trial("zero_temperature", "fsize", 200000)
         return m.rows
     kills = 0
-    for case in cases:  # 2 random + 2 during checkpoint writes each, 2 more random for zero temperature
-        for mode in ["random", "checkpoint_write", "random", "checkpoint_write"] + (
+    for case in cases:  # 3 random + 2 during checkpoint writes each, 2 more random for zero temperature
+        for mode in ["random", "checkpoint_write", "random", "checkpoint_write", "random"] + (
                 ["random", "random"] if case == "zero_temperature" else []):
             kills += m.kill_trial(case, mode)[1]
     for target in ("checkpoint", "results_partial", "results_complete"):
@@ -403,7 +410,7 @@ def run(quick: bool, work: Path) -> list[dict]:
         m.corruption_trial("zero_temperature", "checkpoint", "bit_flip_random_byte", seed)
         m.corruption_trial("zero_temperature", "results_complete", "bit_flip_random_byte", seed)
     m.live_trial()
-    m.live_trial("direct")
+    m.live_trial("particles")
     for name in Matrix.LINKS:
         m.link_trial(name)
     for size in ("200k", "300k", "400k"):
@@ -412,13 +419,15 @@ def run(quick: bool, work: Path) -> list[dict]:
         m.disk_trial("zero_temperature", "fsize", size)
     m.disk_trial("particles", "fsize", 250000)
     print(f"{kills} SIGKILLs landed")
+    m.rows.append({"kind": "summary", "case": "", "trial": "SIGKILLs that landed", "outcome": "identical",
+                   "detail": f"{kills} of {sum(r['kind'] == 'SIGKILL' for r in m.rows)} kill trials killed a live run"})
     return m.rows
 
 
 def report(rows, wall, quick) -> str:
     from collections import Counter
 
-    good = {"identical", "clear error", "refused", "skipped"}
+    good = {"identical", "clear error", "refused", "skipped", "void"}
     by = {}
     for r in rows:
         by.setdefault(r["kind"], Counter())[r["outcome"].split(" (")[0]] += 1
@@ -454,7 +463,7 @@ def main(argv=None):
     suffix = "_quick" if a.quick else ""
     (HERE / f"fault_matrix{suffix}.md").write_text(report(rows, wall, a.quick))
     (HERE / f"fault_matrix{suffix}.json").write_text(json.dumps({"wall_s": wall, "rows": rows}, indent=1))
-    bad = [r for r in rows if r["outcome"] not in {"identical", "clear error", "refused", "skipped"}]
+    bad = [r for r in rows if r["outcome"] not in {"identical", "clear error", "refused", "skipped", "void"}]
     print(f"{len(rows)} trials, {len(bad)} failed, {wall:.0f} s")
     return 1 if bad else 0
 

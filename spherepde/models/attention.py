@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numba
 import numpy as np
 
-from .._checks import as_matrix, as_points, finite_float
+from .._checks import as_matrix, as_points, finite_float, real_array
 from ..kernels import attention as _k
 from ..kernels import funk_hecke as _fh
 from ..kernels.fastexp import EXP_FLOOR
@@ -367,7 +367,7 @@ class Attention(Model):
         d = self.dim
         x = as_points(targets, d, "targets")
         y = as_points(sources, d, "sources")
-        w = np.asarray(weights, dtype=float)
+        w = real_array(weights, "weights")
         if w.shape != (y.shape[0],):
             raise ValueError(f"weights must have shape ({y.shape[0]},), got {w.shape}")
         if not np.all(np.isfinite(w)) or np.any(w < 0):
