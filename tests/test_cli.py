@@ -34,14 +34,7 @@ dt = 0.05
 """
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    import numba
-
-    n = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 
 def test_run_plot_load_end_to_end(tmp_path):

@@ -27,15 +27,7 @@ from validation.fault_matrix import Matrix, config_text  # noqa: E402
 TINY = config_text("zero_temperature", nside=4, t_end=4.0)
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    """Tiny grids: one Numba thread (the results do not depend on the thread count)."""
-    import numba
-
-    n = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 
 def _identical(res, ref):

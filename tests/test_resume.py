@@ -38,16 +38,7 @@ plots = []
 """
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    """Small grids: Numba's thread pool only adds synchronisation (20x slower on a loaded 2-core
-    machine); the results do not depend on the thread count."""
-    import numba
-
-    n = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 
 def reference(cfg):
