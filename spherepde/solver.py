@@ -247,7 +247,7 @@ class Solver:
         self._field_step = 0  # n_steps at the last field recomputation
         self._field_err = 0.0  # measured extrapolation error at the recomputation of this step
         self._blocks = None  # (block index per cell, number of blocks) of the error norm
-        self._mom = self._moments(self.t, self.f)  # moments of the current state, reused by step()
+        self._mom = self._state_moments()  # moments of the current state, reused by step()
         self._record()
 
     # ------------------------------------------------------------------ velocity -> moments
@@ -489,9 +489,16 @@ class Solver:
         self.f = f_new
         self.t = self.t + dt
         self.n_steps += 1
-        self._mom = self._moments(self.t, self.f)
+        self._mom = self._state_moments()
         self._record()
         return dt
+
+    def _state_moments(self):
+        """The moments of the current state. The model's own state (:meth:`Model.get_state`) is kept as it
+        was just before: the checkpoint stores that, so that a resume recomputes these moments with the
+        same history, gets the same bits, and leaves the model where the uninterrupted run left it."""
+        self._model_before = dict(getattr(self.model, "get_state", dict)())
+        return self._moments(self.t, self.f)
 
     def _error_ratio(self, vals, dt: float) -> float:
         """The step's error ratio err (accept when <= 1): the embedded estimate in the mass norm over
@@ -617,7 +624,7 @@ class Solver:
             "history": [(t, m.copy()) for t, m in self._history],
             "controller": {"dt_next": self._dt_next, "field_curv": self._field_curv,
                            "field_step": self._field_step, "field_err": self._field_err,
-                           **{"model." + k: v for k, v in getattr(self.model, "get_state", dict)().items()}},
+                           **{"model." + k: v for k, v in self._model_before.items()}},
         }
 
     def set_state(self, state: dict):
@@ -644,7 +651,7 @@ class Solver:
         self._field_err = float(ctl.get("field_err", 0.0))
         if hasattr(self.model, "set_state"):  # a duck-typed model may have no state
             self.model.set_state({k[6:]: v for k, v in ctl.items() if k.startswith("model.")})
-        self._mom = self._moments(self.t, self.f)
+        self._mom = self._state_moments()  # as the uninterrupted run computed them (see _state_moments)
 
 
 def solve(grid, model, f0, t_end: float, save_at=None, options: Options | None = None, *,
