@@ -33,12 +33,14 @@ Layout of a results file (``h5dump -A`` shows it all)::
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
 import logging
 import os
 import platform
+import sys
 from importlib import metadata as _md
 from pathlib import Path
 
@@ -73,34 +75,30 @@ def _reason(exc) -> str:
     return getattr(exc, "strerror", None) or str(exc).splitlines()[0]
 
 
+#: What to do after a failed write.
+_WRITE_HINT = ("Free space (or raise the file-size limit) and rerun the same command: the run resumes from its "
+               "last checkpoint")
+
+
+@contextlib.contextmanager
 def _writing(path):
-    """Context manager: an OSError or RuntimeError (h5py's) while writing ``path`` becomes a WriteError
-    that says what failed and what to do."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def cm():
-        import sys
-
-        prev = sys.unraisablehook
-        _quiet_h5py_teardown()  # the echoes start inside the failing call
-        try:
-            yield
-        except WriteError:
-            raise
-        except (OSError, RuntimeError) as exc:
-            raise WriteError(f"writing {path} failed: {_reason(exc)}. Free space (or raise the file-size limit) "
-                             "and rerun the same command: the run resumes from its last checkpoint") from exc
-        sys.unraisablehook = prev  # written: nothing to quieten
-    return cm()
+    """An OSError or RuntimeError (h5py's) while writing ``path`` becomes a WriteError that says what failed
+    and what to do."""
+    prev = sys.unraisablehook
+    _quiet_h5py_teardown()  # the echoes start inside the failing call
+    try:
+        yield
+    except WriteError:
+        raise
+    except (OSError, RuntimeError) as exc:
+        raise WriteError(f"writing {path} failed: {_reason(exc)}. {_WRITE_HINT}") from exc
+    sys.unraisablehook = prev  # written: nothing to quieten
 
 
 def _quiet_h5py_teardown():
     """After a failed write, h5py's objects of that file fail again as they are released ("Exception
     ignored in ... _dealloc: Can't decrement id ref count"), once per object: the WriteError already said
     what happened, so these echoes are dropped (every other unraisable exception is reported as before)."""
-    import sys
-
     prev = sys.unraisablehook
     if getattr(prev, "_spherepde", False):
         return
@@ -130,13 +128,12 @@ def _preflight(path, need: int):
     need = 2 * int(need) + WRITE_MARGIN
     size = path.stat().st_size if path.exists() else 0
     free = shutil.disk_usage(path.parent).free
-    hint = "Free space (or raise the file-size limit) and rerun the same command: the run resumes from its last checkpoint"
     if free < need:
-        raise WriteError(f"writing {path} needs about {need} bytes and its disk has {free} free. {hint}")
+        raise WriteError(f"writing {path} needs about {need} bytes and its disk has {free} free. {_WRITE_HINT}")
     soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     if soft != resource.RLIM_INFINITY and size + need > soft:
         raise WriteError(f"writing {path} would take it to about {size + need} bytes, past the file-size limit "
-                         f"(ulimit -f) of {soft} bytes. {hint}")
+                         f"(ulimit -f) of {soft} bytes. {_WRITE_HINT}")
 
 
 def _canon(v) -> bytes:
@@ -144,9 +141,7 @@ def _canon(v) -> bytes:
     shape, numbers by kind, strings as UTF-8)."""
     if isinstance(v, (bytes, str)):
         return b"s" + (v.encode() if isinstance(v, str) else v)
-    if isinstance(v, (bool, np.bool_)):
-        return b"i%d" % int(v)
-    if isinstance(v, (int, np.integer)):
+    if isinstance(v, (bool, np.bool_, int, np.integer)):
         return b"i%d" % int(v)
     if isinstance(v, (float, np.floating)):
         return b"f" + float(v).hex().encode()
@@ -203,6 +198,18 @@ def _check_readable(path, h):
                                "memory: a damaged or crafted results file, not read")
 
 
+def _verify_frames(path, h, n: int):
+    """DamagedFileError unless the first ``n`` frames (time, density) match their checksums."""
+    sums = h["checksums"] if "checksums" in h else None
+    if sums is None or sums.shape[0] < n:
+        raise DamagedFileError(f"{path}: the frame checksums are missing")
+    times, dens = h["times"], h["density"]
+    for i in range(n):
+        if sums[i].decode() != _frame_digest(times[i], dens[i]):
+            raise DamagedFileError(f"{path}: frame {i} (t = {float(times[i]):g}) fails its checksum: the file is "
+                                   "damaged (rerun the experiment: a partial run resumes from its checkpoint)")
+
+
 def _verify(path, h):
     """DamagedFileError where a frame, a group or the configuration fails its checksum (format 2)."""
     if int(h.attrs.get("format_version", 1)) < 2:
@@ -211,14 +218,9 @@ def _verify(path, h):
     c = h["config"].attrs
     if c.get("sha256", "") != _digest(c.get("toml", ""), c.get("json", "")):
         raise DamagedFileError(f"{path}: the stored configuration fails its checksum: the file is damaged")
-    times, dens = h["times"], h["density"]
-    sums = h["checksums"] if "checksums" in h else None
-    if sums is None or sums.shape != times.shape:
-        raise DamagedFileError(f"{path}: the frame checksums are missing or do not match the frames")
-    for i in range(times.shape[0]):
-        if sums[i].decode() != _frame_digest(times[i], dens[i]):
-            raise DamagedFileError(f"{path}: frame {i} (t = {float(times[i]):g}) fails its checksum: the file is "
-                                   "damaged (rerun the experiment: a partial run resumes from its checkpoint)")
+    _verify_frames(path, h, h["times"].shape[0])
+    if h["checksums"].shape != h["times"].shape:
+        raise DamagedFileError(f"{path}: the frame checksums do not match the frames")
     for name in ("diagnostics", "concentration", "particles"):
         if name in h:
             data = {k: h[name][k][()] for k in h[name]}
@@ -355,12 +357,7 @@ class ResultsWriter:
                                  f"{self.n_cells}")
             try:
                 check_frames(self.h["density"][:n], f"{self.path} (the frames to keep)")
-                sums = self.h["checksums"] if "checksums" in self.h else None
-                if sums is None or sums.shape[0] < n:
-                    raise DamagedFileError(f"{self.path}: the frame checksums are missing")
-                for i in range(n):
-                    if sums[i].decode() != _frame_digest(self.h["times"][i], self.h["density"][i]):
-                        raise DamagedFileError(f"{self.path}: frame {i} fails its checksum (damaged)")
+                _verify_frames(self.path, self.h, n)
             except ValueError:
                 self.h.close()
                 raise
