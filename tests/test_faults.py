@@ -55,7 +55,9 @@ def prepared(tmp_path_factory):
 
 
 @pytest.mark.parametrize("cls", Matrix.CLASSES)
-@pytest.mark.parametrize("target", ["checkpoint", "results_partial", "results_complete"])
+@pytest.mark.parametrize("target", ["checkpoint", "results_partial",
+                                    # the complete run's classes: -m slow and validation/fault_matrix.py
+                                    pytest.param("results_complete", marks=pytest.mark.slow)])
 def test_every_corruption_class_restarts_cleanly_or_errors(prepared, tmp_path, target, cls):
     """18 classes x 3 targets. Allowed: the rerun equals the uninterrupted run bit for bit, or a
     RunnerError (another configuration's checkpoint: refused, not mixed). A complete run's damaged
