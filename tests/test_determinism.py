@@ -2,6 +2,8 @@
 spectral paths (the in-house series, the fast path on HEALPix and on general sources), in 2 + 1
 processes. The full table (10 + 3 processes, every path) is ``python validation/determinism.py``."""
 import sys
+
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -10,6 +12,7 @@ sys.path.insert(0, str(ROOT))
 from validation.determinism import compare  # noqa: E402
 
 
+@pytest.mark.slow  # fresh processes (about 20 s): out of the default run, which must stay under 10 minutes
 def test_fresh_processes_and_thread_counts_give_identical_bits(tmp_path):
     # before the fixes: the in-house series gave 4 distinct results in 12 fresh processes at one thread
     # (its moments loop was vectorised or not by a run-time alias check); the fast path on a tensor grid
