@@ -37,7 +37,7 @@ import json
 import math
 import re
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -644,8 +644,27 @@ class ExperimentConfig:
     particles: ParticlesConfig | None
     name: str = "experiment"
     description: str = ""
-    raw: dict = field(default_factory=dict, repr=False, compare=False)
-    text: str = field(default="", repr=False, compare=False)
+    # The source as given (dict and TOML text) and the fingerprint (to_json) of what it parsed to. After
+    # ``dataclasses.replace`` the objects no longer match the fingerprint, and ``raw`` / ``text`` are then
+    # written from the objects: what a run computes with is what it records, by construction.
+    source_raw: dict = field(default_factory=dict, repr=False, compare=False)
+    source_text: str = field(default="", repr=False, compare=False)
+    source_json: str = field(default="", repr=False, compare=False)
+
+    def _source_matches(self) -> bool:
+        return bool(self.source_json) and self.source_json == self.to_json()
+
+    @property
+    def raw(self) -> dict:
+        """The configuration as a dict: the source's (comments and layout aside) when it still describes
+        these objects, else :meth:`to_dict`."""
+        return self.source_raw if self._source_matches() else self.to_dict()
+
+    @property
+    def text(self) -> str:
+        """The configuration as TOML text: the source file's text (with its comments) when it still
+        describes these objects (not after ``dataclasses.replace`` changed them), else written from them."""
+        return self.source_text if self._source_matches() else dump_toml(self.to_dict())
 
     def build_grid(self):
         return self.grid.build()
@@ -725,8 +744,10 @@ def parse_config(source) -> ExperimentConfig:
         grid=grid, model=model, initial=initial, time=TimeConfig.parse(raw["time"]),
         scheme=SchemeConfig.parse(raw.get("scheme", {})), output=OutputConfig.parse(raw.get("output", {})),
         particles=ParticlesConfig.parse(raw["particles"]) if "particles" in raw else None,
-        name=raw.get("name", "experiment"), description=raw.get("description", ""), raw=raw, text=text,
+        name=raw.get("name", "experiment"), description=raw.get("description", ""), source_raw=raw,
+        source_text=text,
     )
+    cfg = replace(cfg, source_json=cfg.to_json())
     _built(lambda: cfg.build_model(), "model", raw["model"])  # cheap, and what a run needs first
     return cfg
 

@@ -246,3 +246,28 @@ def test_a_completed_run_with_a_damaged_frame_is_rerun(tmp_path):
         h["density"][2, 5] = np.nan
     res = run_experiment(cfg, out, figures=False)
     assert_identical(res, reference(cfg))
+
+
+# ------------------------------------------------------------------ issue #20 item 1
+def test_a_replaced_config_records_what_it_computed(tmp_path):
+    """``dataclasses.replace`` on a parsed config: the run computes at nside 2 and records nside 2 in
+    experiment.toml and results.h5 (before the fix it recorded the source text's nside 8, and the
+    reloaded file disagreed with the returned result); ``spherepde plot`` on it works."""
+    from spherepde.config import ConfigError, load_config
+
+    src = parse_config(TOML)
+    cfg = replace(src, grid=replace(src.grid, nside=2), time=replace(src.time, t_end=0.5, save_every=0.25))
+    assert "nside = 2" in cfg.text and "nside = 8" not in cfg.text
+    assert src.text == TOML  # an unchanged config keeps its source text, comments included
+    out = tmp_path / "r"
+    res = run_experiment(cfg, out, figures=False)
+    assert res.density.shape == (3, 48)  # 12 * 2^2 cells
+    assert load_config(out / "experiment.toml").to_json() == cfg.to_json()
+    back = io.load(out / RESULTS_NAME)
+    assert back.metadata["config"].to_json() == cfg.to_json()
+    assert np.array_equal(back.density, res.density)
+    assert main(["plot", str(out / RESULTS_NAME), "--output", str(tmp_path / "fig"), "--kinds", "maps"]) == 0
+    # the replaced objects are validated again before anything runs
+    bad = replace(src, grid=replace(src.grid, nside=0))
+    with pytest.raises(ConfigError, match="grid.nside"):
+        run_experiment(bad, tmp_path / "bad", figures=False)
