@@ -2,7 +2,7 @@
 
 Commands
 --------
-spherepde run EXPERIMENT.toml [--output DIR] [--restart] [--no-figures]
+spherepde run EXPERIMENT.toml|EXAMPLE [--output DIR] [--restart] [--no-figures]
     Run an experiment (resumes from DIR's checkpoint when there is one of the same configuration).
 spherepde sweep SWEEP.toml [--output DIR] [--workers N | --scheduler ADDRESS] [--restart] [--check]
     Run a sweep (ensembles, parameter scans) on Dask; rerun to resume. See spherepde.sweeps.
@@ -10,11 +10,16 @@ spherepde plot RESULTS.h5 [--output DIR] [--kinds maps diagnostics ...]
     Figures (and ``--fits``) from a results file, without re-running.
 spherepde validate [STUDY] [--quick] [--list]
     Run ``validation/<STUDY>/run.py`` (every study with a ``run.py`` when STUDY is omitted).
+spherepde examples [NAME]
+    List the packaged example configurations (``spherepde run NAME`` runs one), or print one's TOML.
 spherepde info
     Versions, Numba threads and threading layer, CPU count.
+spherepde --version
+    The package version.
 
 Exit status: 0 on success, 2 for a bad configuration or usage, 1 for other failures (for a sweep: a
-member failed).
+member failed; for ``validate``: a study's criterion failed), 130 after Ctrl-C (the run resumes from
+its last checkpoint when the same command is given again). Every error is one line on stderr.
 """
 from __future__ import annotations
 
@@ -30,22 +35,35 @@ __all__ = ["main", "build_parser", "discover_studies"]
 log = logging.getLogger("spherepde.cli")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``spherepde run: error: ... (spherepde run --help)``, exit status 2
+    (argparse prints the whole usage block first)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="spherepde", description="Mean-field transformer continuity equation "
-                                "on the sphere: run experiments, plot results, validate.")
+    from . import __version__
+
+    p = _Parser(prog="spherepde", description="Mean-field transformer continuity equation "
+                "on the sphere: run experiments, plot results, validate.")
+    p.add_argument("--version", action="version", version=f"spherepde {__version__}")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
     p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only, no progress bar")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     r = sub.add_parser("run", help="run an experiment TOML file")
-    r.add_argument("experiment", help="experiment configuration (TOML), see docs/examples/")
+    r.add_argument("experiment", help="experiment configuration (TOML), or the name of a packaged example "
+                   "(spherepde examples lists them)")
     r.add_argument("--output", "-o", help="results directory (default: output/<experiment file stem>)")
     r.add_argument("--restart", action="store_true", help="ignore an existing run in the output directory")
     r.add_argument("--no-figures", action="store_true", help="skip diagnostics post-processing and figures")
     r.add_argument("--check", action="store_true", help="validate the configuration and exit")
 
     sw = sub.add_parser("sweep", help="run a sweep of experiments (axes of config values) on Dask")
-    sw.add_argument("spec", help="sweep file (TOML: a base experiment and axes), see docs/sweeps.md")
+    sw.add_argument("spec", help="sweep file (TOML: a base experiment and axes), see docs/sweeps.md; or a "
+                    "packaged example such as sweeps/beta_scan")
     sw.add_argument("--output", "-o", help="sweep directory (default: output/<sweep name>)")
     eng = sw.add_mutually_exclusive_group()
     eng.add_argument("--workers", "-w", type=int, help="LocalCluster worker processes (default: one per core)")
@@ -65,7 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("study", nargs="?", help="study folder name (default: all)")
     v.add_argument("--quick", action="store_true", help="passed on to the study: a fast, coarse version")
     v.add_argument("--list", action="store_true", help="list the studies and exit")
-    v.add_argument("--root", default=None, help="validation folder (default: ./validation)")
+    v.add_argument("--root", default=None, help="validation folder (default: ./validation, else the source "
+                   "tree's of an editable install)")
+
+    ex = sub.add_parser("examples", help="list the packaged example configurations, or print one")
+    ex.add_argument("name", nargs="?", help="print this example's TOML (to copy and edit)")
 
     sub.add_parser("info", help="versions, threads, CPU count")
     return p
@@ -84,12 +106,15 @@ def _cmd_run(args) -> int:
     from .config import load_config
     from .runner import run_experiment
 
-    cfg = load_config(args.experiment)
+    from .runner import resolve_experiment
+
+    path = resolve_experiment(args.experiment)
+    cfg = load_config(path)
     if args.check:
         cfg.build_all()  # grid, model and f0 as the run builds them: a config that passes can run
         log.info("%s: configuration is valid", args.experiment)
         return 0
-    out = Path(args.output) if args.output else Path("output") / Path(args.experiment).stem
+    out = Path(args.output) if args.output else Path("output") / path.stem
     result = run_experiment(cfg, out, restart=args.restart, progress=not args.quiet, figures=not args.no_figures)
     log.info("results: %s (%d saved times, %d steps, %.2f s)", out / "results.h5", len(result.times),
              result.n_steps, result.wall_time)
@@ -99,7 +124,9 @@ def _cmd_run(args) -> int:
 def _cmd_sweep(args) -> int:
     from .sweeps import load_sweep, sweep
 
-    spec = load_sweep(args.spec)
+    from .runner import resolve_experiment
+
+    spec = load_sweep(resolve_experiment(args.spec))
     if args.check:
         members = spec.members()
         print(f"{args.spec}: sweep {spec.name!r} is valid: {len(members)} members, dimensions "
@@ -125,9 +152,17 @@ def _cmd_plot(args) -> int:
     from . import io
     from .plotting import make_figures
 
+    if args.kinds:
+        from .config import PLOTS
+
+        unknown = [k for k in args.kinds if k not in PLOTS]
+        if unknown:
+            raise _UsageError(f"--kinds: got {', '.join(map(repr, unknown))}; allowed: {', '.join(PLOTS)}")
     path = Path(args.results)
     if path.is_dir():
         path = path / "results.h5"
+    if not path.is_file():
+        raise FileNotFoundError(f"results file not found: {path}")
     try:
         result = io.load(path)
     except ValueError as exc:  # not a results file, or a damaged one (io.DamagedFileError): one line
@@ -156,23 +191,40 @@ def _cmd_plot(args) -> int:
     return 0
 
 
+def validation_root() -> Path | None:
+    """The validation folder: ``./validation`` when the working directory is a checkout, else the one of the
+    source tree this package was installed from (an editable install), else None (a wheel ships no
+    studies: they write their reports beside themselves and need the source tree)."""
+    here = Path.cwd() / "validation"
+    if here.is_dir():
+        return here
+    src = Path(__file__).resolve().parents[1] / "validation"
+    if src.is_dir() and (src / "run_all.py").is_file():
+        return src
+    return None
+
+
 def discover_studies(root=None) -> dict:
-    """``{name: path to run.py}`` for every folder under ``root`` (default ./validation) with a run.py."""
-    root = Path(root) if root else Path.cwd() / "validation"
-    if not root.is_dir():
+    """``{name: path to run.py}`` for every folder under ``root`` (default :func:`validation_root`) with a
+    run.py."""
+    root = Path(root) if root else validation_root()
+    if root is None or not root.is_dir():
         return {}
     return {d.name: d / "run.py" for d in sorted(root.iterdir()) if d.is_dir() and (d / "run.py").is_file()}
 
 
 def _cmd_validate(args) -> int:
     studies = discover_studies(args.root)
-    if args.list or not studies:
-        if not studies:
-            log.warning("no validation studies (folders with a run.py) under %s",
-                        args.root or Path.cwd() / "validation")
+    if not studies:
+        where = args.root or validation_root()
+        raise FileNotFoundError(
+            f"no validation studies (folders with a run.py) under {where}" if where else
+            "no validation studies here: they are the validation/ folder of the source repository (this "
+            "install has none); run from a checkout or pass --root DIR")
+    if args.list:
         for name in studies:
             print(name)
-        return 0 if args.list or not args.study else 2
+        return 0
     if args.study:
         if args.study not in studies:
             log.error("unknown study %r; available: %s", args.study, ", ".join(studies))
@@ -182,7 +234,7 @@ def _cmd_validate(args) -> int:
     for name, script in studies.items():
         cmd = [sys.executable, str(script)] + (["--quick"] if args.quick else [])
         log.info("validate %s: %s", name, " ".join(cmd))
-        rc = subprocess.call(cmd, cwd=script.parent.parent.parent)
+        rc = subprocess.call(cmd, cwd=script.parent.parent.parent)  # the studies import validation.*
         if rc != 0:
             failed.append(name)
             log.error("study %s failed (exit status %d)", name, rc)
@@ -225,12 +277,31 @@ def info_text() -> str:
     return "\n".join(lines)
 
 
+def _cmd_examples(args) -> int:
+    from .config import load_config
+    from .runner import example_path, examples
+
+    if args.name:
+        sys.stdout.write(example_path(args.name).read_text())
+        return 0
+    for name, path in examples().items():
+        if name.startswith("sweeps/"):
+            from .sweeps import load_sweep
+
+            desc = load_sweep(path).description
+        else:
+            desc = load_config(path).description
+        print(f"{name:24s} {desc}")
+    return 0
+
+
 def _cmd_info(args) -> int:
     sys.stdout.write(info_text() + "\n")
     return 0
 
 
-_COMMANDS = {"run": _cmd_run, "sweep": _cmd_sweep, "plot": _cmd_plot, "validate": _cmd_validate, "info": _cmd_info}
+_COMMANDS = {"run": _cmd_run, "sweep": _cmd_sweep, "plot": _cmd_plot, "validate": _cmd_validate,
+             "examples": _cmd_examples, "info": _cmd_info}
 
 
 def main(argv=None) -> int:

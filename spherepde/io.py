@@ -226,7 +226,8 @@ def _verify(path, h):
             data = {k: h[name][k][()] for k in h[name]}
             if h[name].attrs.get("sha256", "") != _group_digest(data):
                 raise DamagedFileError(f"{path}: the group /{name} fails its checksum: the file is damaged")
-_PACKAGES = ("spherepde", "numpy", "scipy", "numba", "healpy", "matplotlib", "h5py", "pot")
+_PACKAGES = ("spherepde", "numpy", "scipy", "numba", "healpy", "ducc0", "matplotlib", "h5py", "pot", "xarray",
+             "h5netcdf", "dask", "distributed", "tqdm")
 
 
 def versions() -> dict:

@@ -37,7 +37,8 @@ import numpy as np
 from . import io as _io
 from .config import ExperimentConfig, load_config, parse_config
 
-__all__ = ["run_experiment", "postprocess", "RunnerError", "RESULTS_NAME", "CHECKPOINT_NAME"]
+__all__ = ["run_experiment", "postprocess", "RunnerError", "RESULTS_NAME", "CHECKPOINT_NAME", "examples",
+           "example_path", "resolve_experiment"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,42 @@ CONFIG_NAME = "experiment.toml"
 
 class RunnerError(RuntimeError):
     """An output directory that cannot be used as asked (e.g. it holds a different experiment)."""
+
+
+def examples() -> dict:
+    """``{name: path}`` of the example configurations shipped with the package (``spherepde/examples``,
+    also ``docs/examples`` in the source tree): experiments by stem, sweeps as ``sweeps/<stem>``."""
+    from importlib.resources import files
+
+    root = Path(str(files("spherepde") / "examples"))
+    out = {p.stem: p for p in sorted(root.glob("*.toml"))}
+    out.update({f"sweeps/{p.stem}": p for p in sorted((root / "sweeps").glob("*.toml"))})
+    return out
+
+
+def example_path(name) -> Path:
+    """The file of the packaged example ``name`` (e.g. ``"paper_attention"``, ``"sweeps/beta_scan"``;
+    a ``.toml`` suffix is allowed). FileNotFoundError naming the available ones otherwise."""
+    key = str(name)[:-5] if str(name).endswith(".toml") else str(name)
+    found = examples()
+    if key not in found:
+        raise FileNotFoundError(f"no packaged example {name!r}; available: {', '.join(found)}")
+    return found[key]
+
+
+def resolve_experiment(path_or_name) -> Path:
+    """An experiment (or sweep) file: ``path_or_name`` itself when it exists, else the packaged example of
+    that name (so ``spherepde run paper_attention`` works from any directory of a normal install)."""
+    p = Path(path_or_name)
+    if p.is_file():
+        return p
+    try:
+        return example_path(p.as_posix())
+    except FileNotFoundError:
+        what = "" if p.suffix == ".toml" or "/" in str(path_or_name) else \
+            f" (nor a packaged example; available: {', '.join(examples())})"
+        raise FileNotFoundError(f"experiment file not found: {p}" + (" (a directory)" if p.is_dir() else "")
+                                + what) from None
 
 
 def _as_config(config) -> ExperimentConfig:

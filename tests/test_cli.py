@@ -1,12 +1,15 @@
 """The command line end to end on a tiny configuration: run, plot, load, validate, info, bad configs."""
 import logging
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from spherepde import io
 from spherepde.cli import discover_studies, info_text, main
+
+ROOT_DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 TINY = """
 name = "tiny"
@@ -157,3 +160,49 @@ plots = ["maps", "diagnostics", "concentration"]
     assert a[-1] > a[0]
     assert {p.name for p in (out / "figures").iterdir()} == {"maps_circle.png", "diagnostics.png",
                                                            "concentration.png"}
+
+
+# ------------------------------------------------------------------ issue #20 item 9: CLI manners
+@pytest.mark.parametrize("argv, needle", [
+    (["runn"], "invalid choice: 'runn'"),                      # a typo in the command
+    (["run"], "required: experiment"),                          # a missing argument
+    (["plot", "x.h5", "--kinds", "mapz"], "--kinds: got 'mapz'; allowed: maps"),  # a typo in --kinds
+    (["plot", "missing.h5"], "results file not found"),
+    (["run", "no_such_example"], "nor a packaged example; available: attention_small_beta"),
+    (["examples", "nope"], "no packaged example 'nope'"),
+    (["validate", "--root", "nowhere"], "no validation studies"),
+])
+def test_each_bad_input_is_one_line_and_a_non_zero_status(tmp_path, monkeypatch, capsys, caplog, argv, needle):
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.ERROR, logger="spherepde.cli"):
+        try:
+            rc = main(argv)
+        except SystemExit as exc:  # argparse's errors
+            rc = exc.code
+    err = capsys.readouterr().err.strip()
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] + (err.splitlines() if err else [])
+    assert rc == 2, (rc, lines)
+    assert len(lines) == 1 and needle in lines[0], lines
+    assert "Traceback" not in lines[0]
+
+
+def test_version_and_packaged_examples(capsys):
+    from spherepde import __version__
+    from spherepde.runner import example_path, examples
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"spherepde {__version__}"
+    assert main(["examples"]) == 0
+    out = capsys.readouterr().out
+    assert "paper_attention" in out and "Paper setting, beta = 100" in out
+    assert main(["examples", "rigid_rotation"]) == 0
+    assert capsys.readouterr().out == example_path("rigid_rotation").read_text()
+    # docs/examples in the source tree is the packaged folder (one copy)
+    assert (ROOT_DOCS / "examples" / "paper_attention.toml").resolve() == examples()["paper_attention"].resolve()
+
+
+def test_validate_finds_the_source_trees_studies_from_another_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["validate", "--list"]) == 0
+    assert "time_accuracy" in capsys.readouterr().out.split()

@@ -34,8 +34,9 @@ __all__ = ["CONFIG", "main"]
 
 log = logging.getLogger(__name__)
 
-#: The configuration file of the default experiment (in the source tree).
-CONFIG = Path(__file__).resolve().parents[2] / "docs" / "examples" / "paper_attention.toml"
+#: The configuration file of the default experiment (packaged: ``spherepde/examples``, the source tree's
+#: ``docs/examples``).
+CONFIG = Path(__file__).resolve().parents[1] / "examples" / "paper_attention.toml"
 
 
 def main(argv=None) -> int:
@@ -52,8 +53,7 @@ def main(argv=None) -> int:
     logging.getLogger("spherepde").setLevel(logging.INFO)
     cfg_path = Path(args.config)
     if not cfg_path.is_file():
-        log.error("configuration not found: %s (the default experiment needs the source tree's docs/examples)",
-                  cfg_path)
+        log.error("configuration not found: %s", cfg_path)
         return 2
     cfg = load_config(cfg_path)
     out = Path(args.output)
