@@ -32,6 +32,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 from spherepde import (Attention, alignment, interaction_energy, sample_uniform,  # noqa: E402
                        simulate_particles, spectral_data)
+from validation import criteria as C  # noqa: E402
 from validation.fig3_density.common import (grid_measures, machine, options_record, options_text,  # noqa: E402
                                             run_density_sweep)
 
@@ -136,9 +137,79 @@ def fabs_case(name, nside, beta, t_end, run, particles=True):
     return rec
 
 
+#: A discretisation error of the second-order scheme falls at least 4x per halving of h.
+REFINE_FACTOR = 4.0
+
+
+def _violation(rec) -> float:
+    """Largest step of log E_B against the expected direction between saved times (0 if monotone, up to
+    rounding 1e-12 |log E|)."""
+    logE = np.asarray(rec["logE"])
+    inc = np.diff(logE) * (1 if rec["expected"] == "increasing" else -1)
+    inc = np.where(inc >= -1e-12 * np.maximum(1, np.abs(logE[1:])), 0.0, inc)
+    return float(max(0.0, -inc.min())) if inc.size else 0.0
+
+
+def _h2(nside) -> float:
+    """Squared mean cell width of HEALPix nside: the grid floor of 1 - alignment for a one-cell cluster."""
+    return 4 * np.pi / (12 * nside**2)
+
+
+def criteria(res) -> list[dict]:
+    """Criteria of results.json (MODEL.md "Appendix C"; README "What it reproduces" / "Measured").
+
+    - B = -V, each nside and beta: log E_B decreases at every saved time (the flow minimises E_B).
+    - B = V, each beta: E_B increases along the flow up to a discretisation error that vanishes as the
+      grid is refined: on the plateau the scheme's numerical diffusion makes it drift down very slightly
+      (README). Criterion: the finest grid is monotone, or its worst violation is at least 4x (second
+      order per halving of h) below the next coarser grid's. With one grid only (quick mode: nside 4, the
+      rising phase), strictly monotone.
+    - B = V, finest nside and each beta: the limit is Pi#rho_0 (the +-e1 atoms), 1 - align E <= h^2 (a
+      one-cell cluster's spread).
+    - Non-symmetric V B^T, each beta: the density concentrates on the top right eigenvector of A,
+      1 - alignment <= h^2.
+    The F-or-F_abs runs are a search (which pairs end where): no criterion.
+    """
+    out = []
+    for case in GRADIENT:
+        recs = [r for r in res["energy"] if r["case"] == case]
+        for beta in dict.fromkeys(r["beta"] for r in recs):
+            rs = sorted((r for r in recs if r["beta"] == beta), key=lambda r: r["nside"])
+            viol = [_violation(r) for r in rs]
+            label = f"{case}, beta {beta:g}"
+            if rs[0]["expected"] == "decreasing" or len(rs) == 1:
+                for r, v in zip(rs, viol):
+                    out.append(C.at_most(f"{label}, nside {r['nside']}: log E_B {r['expected']} at every saved time "
+                                         "(worst step against it)", v, 0.0, ".2e"))
+            else:
+                fine, coarse = viol[-1], viol[-2]
+                ratio = float("inf") if fine == 0 else coarse / fine
+                out.append(C.criterion(
+                    f"{label}: log E_B increasing up to a discretisation error, worst violation nside "
+                    f"{rs[-2]['nside']} / nside {rs[-1]['nside']} ({coarse:.2e} / {fine:.2e})",
+                    ratio, f">= {REFINE_FACTOR:g} (or 0 at the finest)", ratio >= REFINE_FACTOR, ".3g"))
+            if rs[0]["expected"] == "increasing":
+                r = rs[-1]
+                out.append(C.at_most(f"{label}, nside {r['nside']}: limit Pi#rho_0 on E, 1 - final align E "
+                                     f"(h^2 = {_h2(r['nside']):.2e})", 1 - r["align_E"][-1], _h2(r["nside"]), ".2e"))
+    for r in res["nonsym"]:
+        out.append(C.at_most(f"non-symmetric, beta {r['beta']}, nside {r['nside']}: 1 - final alignment with the "
+                             f"top right eigenvector of A (h^2 = {_h2(r['nside']):.2e})", 1 - r["align_top_eigvec"][-1],
+                             _h2(r["nside"]), ".2e"))
+    return out
+
+
+def results_for(argv) -> Path:
+    """The results JSON a run with these arguments writes."""
+    return HERE / ("results_quick.json" if "--quick" in argv else "results.json")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--check-only", action="store_true",
+                    help="evaluate the criteria of the results JSON on disk (no run); exit 1 if one fails")
+    ap.add_argument("--results", default=None, help="with --check-only: this results JSON")
     eng = ap.add_mutually_exclusive_group()
     eng.add_argument("--workers", type=int, default=None, help="LocalCluster workers (default: one per core)")
     eng.add_argument("--scheduler", default=None, help="a running Dask scheduler (or DASK_SCHEDULER_ADDRESS)")
@@ -251,4 +322,4 @@ def figures(res, sfx):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(C.cli("appendix_c", criteria, main, results_for))

@@ -26,6 +26,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
+from validation import criteria as C  # noqa: E402
 from validation.pde_vs_particles.lp import lp_row  # noqa: E402
 B = np.diag([-1.0, -1.0, 1.0])
 V = np.diag([-1.0, 1.0, -2.0])
@@ -53,6 +54,9 @@ def parse(argv=None):
     ap.add_argument("--lp-workers", type=int, default=min(2, os.cpu_count() or 1),
                     help="W2 LPs solved side by side in this many processes (default: min(2, cores))")
     ap.add_argument("--out", default=None, help="output folder (default: this folder; quick: ./quick)")
+    ap.add_argument("--check-only", action="store_true",
+                    help="evaluate the criteria of the results JSON on disk (no run); exit 1 if one fails")
+    ap.add_argument("--results", default=None, help="with --check-only: this results JSON")
     a = ap.parse_args(argv)
     if a.quick:
         a.nside = a.nside or 16
@@ -272,6 +276,43 @@ def plot(a, out, times, ns):
     plt.close(fig)
 
 
+#: README "Expected": W2 of n iid samples on S^2 decays like sqrt(log n / n), a log-log slope of about
+#: -0.4 to -0.45 over n = 250 ... 16000 (or steeper), while sampling error dominates.
+SLOPE_TARGET = -0.4
+#: Save times up to which the W2 measures the sampling error (README: from t = 2 on, the sample's
+#: hemisphere imbalance dominates, W2 -> 2 sqrt(delta), one random realisation: no criterion there).
+SAMPLING_T_MAX = 1.0
+
+
+def criteria(out) -> list[dict]:
+    """Criteria of results.json (README "Expected" and "Findings").
+
+    At the save times t <= 1 (t = 0, 1; sampling-dominated): W2(PDE, n tokens) decreases with every increase of n, and its
+    log-log slope against n over the n whose grid-side coarsening displacement is below half their W2
+    is <= -0.4 (the iid rate n^{-1/2} up to a log factor). PDE mass conserved to rounding.
+    """
+    rows = out["w2"]
+    ns = sorted({r["n"] for r in rows})
+    res = []
+    for t in sorted({r["t"] for r in rows if r["t"] <= SAMPLING_T_MAX + 1e-9}):
+        w = [get_w2(rows, n, t) for n in ns]
+        if not all(np.isfinite(w)):
+            res.append(C.criterion(f"t = {t:g}: W2 measured for every n", sum(np.isfinite(w)), f"= {len(ns)}", False))
+            continue
+        worst = min(a / b for a, b in zip(w[:-1], w[1:])) if len(w) > 1 else float("nan")
+        res.append(C.criterion(f"t = {t:g}: W2 decreases with n (smallest ratio W2(n) / W2(next n), n = "
+                               f"{', '.join(map(str, ns))})", worst, "> 1", bool(worst > 1)))
+        res.append(C.at_most(f"t = {t:g}: log-log slope of W2 against n (n with displacement < W2/2)",
+                             out["slope_vs_n_clean"].get(f"{t:g}"), SLOPE_TARGET, ".3f"))
+    res.append(C.mass_conserved("PDE", out["pde"]["mass_drift"]))
+    return res
+
+
+def results_for(argv) -> Path:
+    """The results JSON a run with these arguments writes."""
+    return parse(argv).out / "results.json"
+
+
 def main(argv=None):
     a = parse(argv)
     os.makedirs(a.out, exist_ok=True)
@@ -286,4 +327,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(C.cli("pde_vs_particles", criteria, main, results_for))
