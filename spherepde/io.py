@@ -16,20 +16,31 @@ write_fits(result, path, index=-1)
 versions() -> dict
     Versions of Python, spherepde and its dependencies.
 
-Layout of a results file (``h5dump -A`` shows it all)::
+Layout of a results file (``h5dump -A`` shows it all). It is a NetCDF4 file following the CF
+conventions (format version 3): ``xarray.open_dataset(path)`` (or netCDF4, ncdump, Panoply) reads it
+without spherepde, with named dimensions, coordinates, and ``long_name`` and ``units`` on every
+variable; the groups open with ``xarray.open_dataset(path, group="diagnostics")`` and so on::
 
-    /            attrs: format = "spherepde-results", format_version, created, complete,
-                        n_steps, wall_time, spherepde_version
-    /config      attrs: toml (the experiment text), json (validated, with defaults)
+    /            attrs: Conventions = "CF-1.10", title, source, history, references, format =
+                        "spherepde-results", format_version, created, complete, n_steps, wall_time,
+                        spherepde_version, config_toml, config_json, versions (JSON: every package,
+                        ducc0 included), version_<package>
+    /time        (time,)         saved times, appended (the unlimited dimension)
+    /cell        (cell,)         cell index (HEALPix: the RING pixel number)
+    /component   (component,)    0 .. d-1, the Cartesian axes of R^d
+    /density     (time, cell)    cell averages of f at the saved times, appended
+    /cell_area   (cell,)         cell measures (sr on S^2); /cell_center (cell, component) unit vectors;
+                                 on S^2 also /lon, /lat (degrees) of the centres
+    /checksums   (time,)         SHA-256 of each frame (time, density); groups and /config carry a sha256
+                                 attribute: :func:`load` verifies them all (format version >= 2)
+    /config      attrs: toml (the experiment text), json (validated, with defaults), sha256
     /versions    attrs: one per package
-    /grid        attrs: type, dim, n_cells, nside | n; datasets centers (N, d), areas (N,)
-    /times       (n_saved,)      saved times, appended
-    /density     (n_saved, N)    cell averages at the saved times, appended
-    /checksums   (n_saved,)      SHA-256 of each frame (time, density); groups and /config carry a sha256
-                                 attribute: :func:`load` verifies them all (format version 2)
-    /diagnostics/<name>          per-step diagnostics of the solver (time, mass, min, max, ...)
-    /concentration/<name>        optional: W2 to Pi#rho_0, alignments (per saved time)
-    /particles/{times,positions,weights}   optional overlay run
+    /grid        attrs: type, dim, n_cells, nside | n
+    /diagnostics/<name>  (step,)  per-step diagnostics of the solver (time, mass, min, max, ...)
+    /concentration/<name> (time,) optional: W2 to Pi#rho_0, alignments (per saved time)
+    /particles/{times,positions,weights}   optional overlay run (time, particle, component)
+
+Version 2 files (``times`` for ``time``, the grid's centres and areas in /grid) load as before.
 """
 from __future__ import annotations
 
@@ -54,7 +65,47 @@ log = logging.getLogger(__name__)
 
 FORMAT = "spherepde-results"
 #: 2: SHA-256 checksums of every frame, group and the configuration (version 1 files load unchecked).
-FORMAT_VERSION = 2
+#: 3: NetCDF4 / CF: named dimensions (time, cell, step, ...) as HDF5 dimension scales, units and long_name
+#: on every variable, the configuration and versions as root attributes.
+FORMAT_VERSION = 3
+
+#: CF attributes (long_name, units) of the variables spherepde writes; "DENSITY" / "MEASURE" stand for the
+#: units of a density on S^{d-1} and of its surface measure (see :func:`_units`). Others get their name.
+_VARIABLES = {
+    "time": ("time t (depth through the transformer; dimensionless)", "1"),
+    "times": ("time t (depth through the transformer; dimensionless)", "1"),
+    "density": ("cell average of the token density f_t (with respect to the surface measure)", "DENSITY"),
+    "cell_area": ("measure of the cell on the sphere", "MEASURE"),
+    "cell_center": ("cell centre, a unit vector of R^d", "1"),
+    "lon": ("longitude of the cell centre", "degrees_east"),
+    "lat": ("latitude of the cell centre", "degrees_north"),
+    "checksums": ("SHA-256 of the frame (time, density), hexadecimal", "1"),
+    "cell": ("cell index", "1"),
+    "component": ("Cartesian axis of R^d (0 = e1)", "1"),
+    "step": ("solver step (0 = the initial state)", "1"),
+    "particle": ("token index", "1"),
+    "mass": ("total mass, the integral of f over the sphere", "1"),
+    "min": ("smallest cell average of f", "DENSITY"),
+    "max": ("largest cell average of f", "DENSITY"),
+    "sup_div": ("sup over cells of the divergence of the velocity field", "1"),
+    "dt": ("step size", "1"),
+    "error": ("embedded error estimate of the step (relative to the tolerance)", "1"),
+    "rejected": ("attempts rejected by the error control before the step", "1"),
+    "field_error": ("certified bound of the attention field's error", "1"),
+    "gronwall": ("Gronwall lower bound of min f", "DENSITY"),
+    "w2_limit": ("Wasserstein-2 distance to the limit measure Pi#rho_0", "1"),
+    "alignment_E": ("alignment of the mass with the eigenspace E of V B^T", "1"),
+    "alignment_F": ("alignment of the mass with the eigenspace F", "1"),
+    "alignment_F_abs": ("alignment of the mass with the eigenspace F_abs", "1"),
+    "V_p": ("Lyapunov functional V_p", "1"),
+    "p": ("exponent p of V_p", "1"),
+    "positions": ("token positions, unit vectors of R^d", "1"),
+    "weights": ("token weights (sum 1)", "1"),
+}
+_DENSITY_UNITS = {2: ("rad-1", "rad"), 3: ("sr-1", "sr")}  # S^1: per radian of arc; S^2: per steradian
+#: What each axis of a group's arrays is called (a group's datasets by name -> dimension names).
+_GROUP_DIMS = {"diagnostics": {"*": ("step",)}, "concentration": {"*": ("time",)},
+               "particles": {"*": ("time", "particle", "component"), "weights": ("particle",)}}
 
 
 class DamagedFileError(ValueError):
@@ -181,7 +232,7 @@ def _check_readable(path, h):
     together below half the machine's memory."""
     try:
         n_cells = int(h["grid"].attrs["n_cells"])
-        times, dens = h["times"], h["density"]
+        times, dens = _times(h), h["density"]
     except (KeyError, TypeError, ValueError) as exc:
         raise DamagedFileError(f"{path}: not the layout of a results file ({exc})") from None
     if times.ndim != 1 or dens.ndim != 2 or dens.shape != (times.shape[0], n_cells):
@@ -203,7 +254,7 @@ def _verify_frames(path, h, n: int):
     sums = h["checksums"] if "checksums" in h else None
     if sums is None or sums.shape[0] < n:
         raise DamagedFileError(f"{path}: the frame checksums are missing")
-    times, dens = h["times"], h["density"]
+    times, dens = _times(h), h["density"]
     for i in range(n):
         if sums[i].decode() != _frame_digest(times[i], dens[i]):
             raise DamagedFileError(f"{path}: frame {i} (t = {float(times[i]):g}) fails its checksum: the file is "
@@ -218,13 +269,12 @@ def _verify(path, h):
     c = h["config"].attrs
     if c.get("sha256", "") != _digest(c.get("toml", ""), c.get("json", "")):
         raise DamagedFileError(f"{path}: the stored configuration fails its checksum: the file is damaged")
-    _verify_frames(path, h, h["times"].shape[0])
-    if h["checksums"].shape != h["times"].shape:
+    _verify_frames(path, h, _times(h).shape[0])
+    if h["checksums"].shape != _times(h).shape:
         raise DamagedFileError(f"{path}: the frame checksums do not match the frames")
     for name in ("diagnostics", "concentration", "particles"):
         if name in h:
-            data = {k: h[name][k][()] for k in h[name]}
-            if h[name].attrs.get("sha256", "") != _group_digest(data):
+            if h[name].attrs.get("sha256", "") != _group_digest(_group_data(h[name])):
                 raise DamagedFileError(f"{path}: the group /{name} fails its checksum: the file is damaged")
 _PACKAGES = ("spherepde", "numpy", "scipy", "numba", "healpy", "ducc0", "matplotlib", "h5py", "pot", "xarray",
              "h5netcdf", "dask", "distributed", "tqdm")
@@ -266,13 +316,70 @@ def _dict_bytes(data: dict | None) -> int:
     return sum(np.asarray(v).nbytes + 1024 for v in (data or {}).values())
 
 
-def _write_dict_group(parent, name, data: dict):
+def _units(key: str, dim: int) -> tuple:
+    """(long_name, units) of a variable (CF attributes), with the density units of S^{dim-1}."""
+    long_name, units = _VARIABLES.get(key, (key.replace("_", " "), "1"))
+    dens, meas = _DENSITY_UNITS.get(dim, ("1", "1"))
+    if units == "DENSITY":
+        units = dens
+        if dim not in _DENSITY_UNITS:
+            long_name += f" (per unit {dim - 1}-volume of S^{dim - 1})"
+    elif units == "MEASURE":
+        units = meas
+        if dim not in _DENSITY_UNITS:
+            long_name += f" ({dim - 1}-volume)"
+    return long_name, units
+
+
+def _describe(ds, key: str, dim: int):
+    ds.attrs["long_name"], ds.attrs["units"] = _units(key, dim)
+
+
+def _scale(g, name: str, n: int, values=None, dim: int = 3):
+    """The dimension ``name`` of length ``n`` in group ``g``: an HDF5 dimension scale (NetCDF4's dimension;
+    an index 0..n-1 unless ``values``). Marked so that :func:`_read_group` leaves it out."""
+    if name in g:
+        return g[name]
+    ds = g.create_dataset(name, data=np.arange(n, dtype=np.int64) if values is None else np.asarray(values))
+    ds.make_scale(name)
+    ds.attrs["spherepde_role"] = "dimension"
+    _describe(ds, name, dim)
+    return ds
+
+
+def _is_scale(ds) -> bool:
+    return ds.attrs.get("spherepde_role", "") == "dimension"
+
+
+def _group_data(g) -> dict:
+    """The arrays of a group as written by :func:`_write_dict_group` (its dimension scales left out)."""
+    return {k: g[k][()] for k in g if isinstance(g[k], h5py.Dataset) and not _is_scale(g[k])}
+
+
+def _write_dict_group(parent, name, data: dict, dim: int = 3):
+    """A group of arrays with NetCDF4 dimensions: axis i of every array is ``_GROUP_DIMS[name][i]`` where
+    the lengths agree (a group's own dimension scale; ``concentration``'s and ``particles``' time scale
+    holds their ``times``), else ``<key>_<i>``. Scalars are variables without dimensions."""
     if name in parent:
         del parent[name]
     g = parent.create_group(name)
-    for k, v in data.items():
-        g.create_dataset(k, data=np.asarray(v))
-    g.attrs["sha256"] = _group_digest({k: g[k][()] for k in g})  # of what reads back
+    arrays = {k: np.asarray(v) for k, v in data.items()}
+    for k, a in arrays.items():
+        ds = g.create_dataset(k, data=a)
+        _describe(ds, k, dim)
+    sha = _group_digest(_group_data(g))  # of what reads back, before the scales are added
+    lengths = {}
+    for k, a in arrays.items():
+        names = _GROUP_DIMS.get(name, {}).get(k, _GROUP_DIMS.get(name, {}).get("*", ()))
+        for i, n in enumerate(a.shape):
+            want = names[i] if i < len(names) else f"{k}_{i}"
+            if lengths.setdefault(want, n) != n:
+                want = f"{k}_{i}"
+            lengths.setdefault(want, n)
+            times = arrays.get("times")
+            vals = times if want == "time" and times is not None and times.shape == (n,) else None
+            g[k].dims[i].attach_scale(_scale(g, want, n, vals, dim))
+    g.attrs["sha256"] = sha
     return g
 
 
@@ -299,11 +406,69 @@ def _write_header(h, config, grid, options=None, model=None):
     vg = h.create_group("versions")
     for k, val in v.items():
         vg.attrs[k] = val
+    gattrs = _grid_attrs(grid)
     g = h.create_group("grid")
-    for k, val in _grid_attrs(grid).items():
+    for k, val in gattrs.items():
         g.attrs[k] = val
-    g.create_dataset("centers", data=np.asarray(grid.centers))
-    g.create_dataset("areas", data=np.asarray(grid.areas))
+    # CF / NetCDF4 description (readers without spherepde: xarray, netCDF4, ncdump)
+    h.attrs["Conventions"] = "CF-1.10"
+    h.attrs["title"] = (config.name if config is not None else "spherepde run") + ": token density f_t on S^" \
+        + str(grid.dim - 1)
+    h.attrs["source"] = f"spherepde {v['spherepde']} (finite volumes on the {gattrs['type']} grid, " \
+        f"{gattrs['n_cells']} cells)"
+    h.attrs["history"] = f"{h.attrs['created']}: created by spherepde {v['spherepde']}"
+    h.attrs["references"] = "Alcalde, Bungert, Riedl, Roith, arXiv:2605.10931 (the equation); MODEL.md"
+    h.attrs["config_toml"] = toml
+    h.attrs["config_json"] = js
+    h.attrs["versions"] = json.dumps(v, sort_keys=True)
+    for k, val in v.items():
+        h.attrs[f"version_{k}"] = val
+    d = int(grid.dim)
+    centers = np.asarray(grid.centers, dtype=float)
+    t = h.create_dataset("time", shape=(0,), maxshape=(None,), dtype="f8", chunks=(1024,))
+    t.make_scale("time")
+    t.attrs["axis"] = "T"
+    _describe(t, "time", d)
+    cell = h.create_dataset("cell", data=np.arange(grid.n_cells, dtype=np.int64))
+    cell.make_scale("cell")
+    _describe(cell, "cell", d)
+    if gattrs["type"] == "healpix":
+        cell.attrs["long_name"] = f"HEALPix pixel index (RING order, nside {gattrs['nside']})"
+    comp = h.create_dataset("component", data=np.arange(d, dtype=np.int64))
+    comp.make_scale("component")
+    _describe(comp, "component", d)
+    area = h.create_dataset("cell_area", data=np.asarray(grid.areas, dtype=float))
+    area.dims[0].attach_scale(cell)
+    _describe(area, "cell_area", d)
+    cen = h.create_dataset("cell_center", data=centers)
+    cen.dims[0].attach_scale(cell)
+    cen.dims[1].attach_scale(comp)
+    _describe(cen, "cell_center", d)
+    coords = []
+    if d == 3:
+        for name, vals in (("lon", np.degrees(np.arctan2(centers[:, 1], centers[:, 0]))),
+                           ("lat", np.degrees(np.arcsin(np.clip(centers[:, 2], -1.0, 1.0))))):
+            ds = h.create_dataset(name, data=vals)
+            ds.dims[0].attach_scale(cell)
+            _describe(ds, name, d)
+            ds.attrs["standard_name"] = "longitude" if name == "lon" else "latitude"
+            coords.append(name)
+    dens = h.create_dataset("density", shape=(0, grid.n_cells), maxshape=(None, grid.n_cells), dtype="f8",
+                            chunks=(1, grid.n_cells))
+    dens.dims[0].attach_scale(t)
+    dens.dims[1].attach_scale(cell)
+    _describe(dens, "density", d)
+    dens.attrs["cell_measures"] = "area: cell_area"
+    if coords:
+        dens.attrs["coordinates"] = " ".join(coords)
+    sums = h.create_dataset("checksums", shape=(0,), maxshape=(None,), dtype="S64", chunks=(1024,))
+    sums.dims[0].attach_scale(t)
+    _describe(sums, "checksums", d)
+
+
+def _times(h):
+    """The saved times of a results file (``time``; ``times`` before format version 3)."""
+    return h["time"] if "time" in h else h["times"]
 
 
 def check_frames(density, what: str):
@@ -324,53 +489,62 @@ class ResultsWriter:
     grid : grid object
     options : spherepde.solver.Options, optional
     resume : int, optional
-        Reopen an existing file and keep only its first ``resume`` saved frames (a checkpoint's count);
-        frames written after that checkpoint are dropped and recomputed.
+        Keep the first ``resume`` saved frames of the existing file (a checkpoint's count): they are
+        verified against their checksums and copied into a new file; frames written after that
+        checkpoint are dropped and recomputed.
     """
 
     def __init__(self, path, config, grid, options=None, model=None, resume: int | None = None):
         self.path = Path(path)
         self.n_cells = grid.n_cells
-        if resume is None:
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            _preflight(tmp, 8 * grid.n_cells * (grid.dim + 1) + 16384)
-            with _writing(tmp), h5py.File(tmp, "w") as h:
-                _write_header(h, config, grid, options, model)
-                h.create_dataset("times", shape=(0,), maxshape=(None,), dtype="f8")
-                h.create_dataset("density", shape=(0, grid.n_cells), maxshape=(None, grid.n_cells), dtype="f8",
-                                 chunks=(1, grid.n_cells))
-                h.create_dataset("checksums", shape=(0,), maxshape=(None,), dtype="S64")  # SHA-256 per frame
-            os.replace(tmp, self.path)
-        self.h = h5py.File(self.path, "a")
+        self.dim = int(grid.dim)
+        kept = None
         if resume is not None:
-            n = int(resume)
-            _, js = _config_text_json(config)
-            if js and self.h["config"].attrs.get("json", "") != js:
-                self.h.close()
-                raise ValueError(f"{self.path} holds the results of another configuration")
-            if self.h["times"].shape[0] < n:
-                self.h.close()
-                raise ValueError(f"{self.path} holds {self.h['times'].shape[0]} saved frames, the checkpoint "
-                                 f"expects {n}")
-            if self.h["density"].shape[1] != self.n_cells:
-                self.h.close()
-                raise ValueError(f"{self.path} holds densities of {self.h['density'].shape[1]} cells, the grid has "
-                                 f"{self.n_cells}")
-            try:
-                check_frames(self.h["density"][:n], f"{self.path} (the frames to keep)")
-                _verify_frames(self.path, self.h, n)
-            except ValueError:
-                self.h.close()
-                raise
-            self.h["times"].resize((n,))
-            self.h["density"].resize((n, self.n_cells))
-            self.h["checksums"].resize((n,))
-            self.h.attrs["complete"] = False
-            self.h.flush()
+            kept = self._frames_to_keep(config, int(resume))
+        # A new file (temporary + os.replace), also on resume: the verified frames are copied into it, so
+        # a resumed run never writes into a file whose other parts may be damaged (a torn group header
+        # made the next write fail; found by the fault matrix), and an older format is upgraded.
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        n_keep = 0 if kept is None else len(kept[0])
+        _preflight(tmp, 8 * grid.n_cells * (grid.dim + 1 + n_keep) + 16384)
+        with _writing(tmp), h5py.File(tmp, "w") as h:
+            _write_header(h, config, grid, options, model)  # time, density, checksums: empty, appended
+            if n_keep:
+                h["time"].resize((n_keep,))
+                h["time"][:] = kept[0]
+                h["density"].resize((n_keep, self.n_cells))
+                h["density"][:] = kept[1]
+                h["checksums"].resize((n_keep,))
+                h["checksums"][:] = kept[2]
+        os.replace(tmp, self.path)
+        self.h = h5py.File(self.path, "a")
+
+    def _frames_to_keep(self, config, n: int):
+        """(times, densities, checksums) of the first ``n`` frames of the existing file, verified; ValueError
+        (a DamagedFileError where a checksum fails) when they cannot be kept."""
+        _, js = _config_text_json(config)
+        try:
+            with h5py.File(self.path, "r") as h:
+                if js and h["config"].attrs.get("json", "") != js:
+                    raise ValueError(f"{self.path} holds the results of another configuration")
+                if int(h.attrs.get("format_version", 1)) < 2:
+                    raise ValueError(f"{self.path} is of results format version 1 (no checksums)")
+                if _times(h).shape[0] < n:
+                    raise ValueError(f"{self.path} holds {_times(h).shape[0]} saved frames, the checkpoint "
+                                     f"expects {n}")
+                if h["density"].shape[1] != self.n_cells:
+                    raise ValueError(f"{self.path} holds densities of {h['density'].shape[1]} cells, the grid has "
+                                     f"{self.n_cells}")
+                dens = h["density"][:n]
+                check_frames(dens, f"{self.path} (the frames to keep)")
+                _verify_frames(self.path, h, n)
+                return _times(h)[:n], dens, h["checksums"][:n]
+        except (OSError, KeyError, RuntimeError, TypeError) as exc:
+            raise DamagedFileError(f"{self.path}: not readable as a results file ({_reason(exc)})") from None
 
     @property
     def n_saved(self) -> int:
-        return int(self.h["times"].shape[0])
+        return int(self.h["time"].shape[0])
 
     def append(self, t: float, f: np.ndarray, diagnostics: dict | None = None, n_steps: int = 0,
                wall_time: float = 0.0):
@@ -381,14 +555,14 @@ class ResultsWriter:
 
     def _append(self, t, f, diagnostics, n_steps, wall_time):
         n = self.n_saved
-        self.h["times"].resize((n + 1,))
-        self.h["times"][n] = t
+        self.h["time"].resize((n + 1,))
+        self.h["time"][n] = t
         self.h["density"].resize((n + 1, self.n_cells))
         self.h["density"][n] = f
         self.h["checksums"].resize((n + 1,))
-        self.h["checksums"][n] = _frame_digest(self.h["times"][n], self.h["density"][n]).encode()
+        self.h["checksums"][n] = _frame_digest(self.h["time"][n], self.h["density"][n]).encode()
         if diagnostics is not None:
-            _write_dict_group(self.h, "diagnostics", diagnostics)
+            _write_dict_group(self.h, "diagnostics", diagnostics, self.dim)
         self.h.attrs["n_steps"] = int(n_steps)
         self.h.attrs["wall_time"] = float(wall_time)
         self.h.flush()
@@ -397,13 +571,13 @@ class ResultsWriter:
         """Write (replace) a group of arrays, e.g. ``"concentration"`` or ``"particles"``."""
         _preflight(self.path, _dict_bytes(data))
         with _writing(self.path):
-            _write_dict_group(self.h, name, data)
+            _write_dict_group(self.h, name, data, self.dim)
             self.h.flush()
 
     def finish(self, diagnostics: dict, n_steps: int, wall_time: float):
         _preflight(self.path, _dict_bytes(diagnostics))
         with _writing(self.path):
-            _write_dict_group(self.h, "diagnostics", diagnostics)
+            _write_dict_group(self.h, "diagnostics", diagnostics, self.dim)
             self.h.attrs["n_steps"] = int(n_steps)
             self.h.attrs["wall_time"] = float(wall_time)
             self.h.attrs["complete"] = True
@@ -452,7 +626,7 @@ def load_config_of(path):
 def _read_group(h, name) -> dict:
     if name not in h:
         return {}
-    return {k: h[name][k][()] for k in h[name]}
+    return _group_data(h[name])
 
 
 def load(path, rebuild: bool = True, verify: bool = True):
@@ -488,7 +662,7 @@ def load(path, rebuild: bool = True, verify: bool = True):
             _check_readable(path, h)
             if verify:
                 _verify(path, h)
-            times = h["times"][()]
+            times = _times(h)[()]
             density = h["density"][()]
             diagnostics = _read_group(h, "diagnostics")
             text = h["config"].attrs.get("toml", "")

@@ -1,4 +1,6 @@
 """Results files: round trip, incremental writing, checkpoints, FITS."""
+import json
+
 import h5py
 import numpy as np
 import pytest
@@ -64,7 +66,10 @@ def test_file_is_self_describing(run, tmp_path):
         assert h["config"].attrs["toml"] == cfg.text
         assert '"nside": 2' in h["config"].attrs["json"]
         assert h["grid"].attrs["type"] == "healpix" and h["grid"].attrs["order"] == "RING"
-        assert h["grid/centers"].shape == (48, 3)
+        assert h["cell_center"].shape == (48, 3) and h["cell_area"].shape == (48,)
+        np.testing.assert_array_equal(h["cell_center"][()], res.grid.centers)
+        assert h.attrs["Conventions"] == "CF-1.10" and h.attrs["config_toml"] == cfg.text
+        assert "ducc0" in json.loads(h.attrs["versions"])
         for pkg in ("spherepde", "numpy", "scipy", "numba", "healpy", "h5py"):
             assert pkg in h["versions"].attrs
 
@@ -148,7 +153,7 @@ def test_a_flipped_bit_in_a_results_file_is_an_error_naming_it(run, tmp_path, wh
         if where == "frame":
             h["density"][1, 7] = _flip_bit(h["density"][1, 7])
         elif where == "time":
-            h["times"][1] = _flip_bit(h["times"][1], 0)
+            h["time"][1] = _flip_bit(h["time"][1], 0)
         elif where == "diagnostics":
             d = h["diagnostics"]["mass"][()]
             d[-1] = _flip_bit(d[-1], 0)
@@ -181,16 +186,16 @@ def test_a_crafted_results_file_cannot_exhaust_memory_on_load(run, tmp_path):
     p = io.save_result(res, tmp_path / "r.h5", config=cfg)
     n = res.grid.n_cells
     with h5py.File(p, "a") as h:
-        del h["density"], h["times"]
+        del h["density"], h["time"]
         h.create_dataset("density", shape=(10**8, n), dtype="f8", chunks=(1, n))
-        h.create_dataset("times", shape=(10**8,), dtype="f8", chunks=(1024,))
+        h.create_dataset("time", shape=(10**8,), dtype="f8", chunks=(1024,))
     assert p.stat().st_size < 10**6
     with pytest.raises(io.DamagedFileError, match="GiB"):
         io.load(p)
     with h5py.File(p, "a") as h:
-        del h["density"], h["times"]
+        del h["density"], h["time"]
         h.create_dataset("density", data=np.zeros((2, n + 1)))
-        h.create_dataset("times", data=np.zeros(2))
+        h.create_dataset("time", data=np.zeros(2))
     with pytest.raises(io.DamagedFileError, match="shape"):
         io.load(p)
 

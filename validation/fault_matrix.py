@@ -280,9 +280,9 @@ class Matrix:
                 elif "t" in h.attrs:
                     h.attrs["t"] = -1.0
                 else:
-                    t = h["times"][()]
+                    t = h["time"][()]
                     t[-1] = -1.0
-                    h["times"][...] = t
+                    h["time"][...] = t
             return
         path.write_bytes(bytes(raw))
 
