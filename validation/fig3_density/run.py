@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 from spherepde import Attention, sample_uniform, simulate_particles  # noqa: E402
 from validation import criteria as C  # noqa: E402
 from validation.fig3_density.common import (PAPER_B, PAPER_V, grid_measures, machine, measures,  # noqa: E402
-                                            options_record, options_text, run_density, sphere_lonlat,
+                                            options_record, options_text, run_density,
                                             transition_time)
 
 BETA = 100.0
@@ -159,7 +159,7 @@ def figures(g, r, pr, res, map_times, sfx):
     import matplotlib.pyplot as plt
     from matplotlib.animation import FuncAnimation, PillowWriter
 
-    from spherepde.plotting import plot_mollweide, plot_orthographic
+    from spherepde.plotting import mollweide_xy, plot_mollweide, plot_orthographic
 
     times = np.asarray(res["times"])
     idx = [int(np.argmin(abs(times - t))) for t in map_times]
@@ -173,7 +173,7 @@ def figures(g, r, pr, res, map_times, sfx):
                               npix=160, colorbar=False)
         ax = fig.add_subplot(len(idx), 4, 4 * row + 4, projection="mollweide")
         plot_mollweide(g, f, ax=ax, title=f"t = {times[i]:g} (Mollweide)", colorbar=True)
-        lon, lat = sphere_lonlat(X)
+        lon, lat = mollweide_xy(X)
         ax.plot(lon, lat, "r.", ms=2)
     fig.suptitle(f"beta = {res['beta']:g}, HEALPix nside {res['nside']}: density (colour) and 200 tokens (red)")
     fig.tight_layout(rect=(0, 0, 1, 0.97))
@@ -204,7 +204,7 @@ def figures(g, r, pr, res, map_times, sfx):
     def update(k):
         ax.clear()
         plot_mollweide(g, r.density[k], ax=ax, title=f"beta = {res['beta']:g}, t = {times[k]:.2f}", colorbar=False)
-        lon, lat = sphere_lonlat(pr.positions[k])
+        lon, lat = mollweide_xy(pr.positions[k])
         ax.plot(lon, lat, "r.", ms=2)
         return ()
 
