@@ -670,7 +670,8 @@ def solve(grid, model, f0, t_end: float, save_at=None, options: Options | None =
     options : :class:`Options`; keyword arguments (``cfl=0.3, stepper="ssprk3"``, ...) may be given
         instead and override its fields.
     progress : bool
-        Show a progress bar with ETA on stderr (only when stderr is a terminal).
+        Show a progress bar with ETA (tqdm, in simulated time): on stderr when it is a terminal, and in a
+        Jupyter notebook (tqdm's widget when ipywidgets is installed).
     callback : callable(solver), optional
         Called after every step (checkpointing, custom diagnostics).
 
