@@ -206,3 +206,24 @@ def test_validate_finds_the_source_trees_studies_from_another_directory(tmp_path
     monkeypatch.chdir(tmp_path)
     assert main(["validate", "--list"]) == 0
     assert "time_accuracy" in capsys.readouterr().out.split()
+
+
+def test_the_default_experiment_shows_the_phenomenon_and_says_what_it_shows(tmp_path):
+    """Issue #20 item 4: the default experiment starts from a perturbed f0 (a uniform one never leaves E)
+    and ends by saying what the run shows, phase by phase, with the measured times and the figures."""
+    from dataclasses import replace
+
+    from spherepde.config import load_config
+    from spherepde.experiments.default import CONFIG, summary
+    from spherepde.runner import run_experiment
+
+    cfg = load_config(CONFIG)
+    assert cfg.initial.type == "perturbed_uniform" and cfg.model.beta == 100.0 and cfg.time.t_end >= 50
+    small = replace(cfg, grid=replace(cfg.grid, nside=2), time=replace(cfg.time, t_end=2.0, save_every=0.5),
+                    output=replace(cfg.output, plots=("concentration",)),
+                    particles=replace(cfg.particles, n=20, dt=0.05))
+    res = run_experiment(small, tmp_path / "d")
+    text = summary(res, tmp_path / "d")
+    for needle in ("1. Concentration on E", "2. Exit from E", "3. Alignment with F", "Tokens (20,",
+                   "not converged", "concentration.png"):
+        assert needle in text, text
