@@ -40,16 +40,26 @@ MODULES = [
 OUT = Path(__file__).resolve().parent / "api.md"
 
 
+_ROLE = re.compile(r":(?:func|class|meth|data|mod|attr|exc):`~?([^`]+)`")
+
+
+def _plain(text: str) -> str:
+    return _ROLE.sub(r"\1", text)
+
+
 def _doc(obj) -> str:
+    """The docstring, with Sphinx roles (``:func:`x```) written as plain ``x`` (the text is shown as is)."""
     d = inspect.getdoc(obj)
-    return d.strip() if d else "*(no docstring)*"
+    return _ROLE.sub(r"\1", d.strip()) if d else "*(no docstring)*"
 
 
 def _sig(obj) -> str:
     try:
-        return str(inspect.signature(obj))
+        text = str(inspect.signature(obj))
     except (TypeError, ValueError):
         return ""
+    # a default that is a logger shows its current level, which depends on what ran before
+    return re.sub(r"<Logger ([\w.]+) \(\w+\)>", r"<Logger \1>", text)
 
 
 def _public_names(mod):
@@ -71,7 +81,8 @@ def document_class(cls, lines):
         if name.startswith("_"):
             continue
         if isinstance(member, property):
-            lines.append(f"- property `{name}`: {(inspect.getdoc(member) or '').splitlines()[0] if inspect.getdoc(member) else ''}\n")
+            first = (inspect.getdoc(member) or "").splitlines()
+            lines.append(f"- property `{name}`: {_plain(first[0]) if first else ''}\n")
         elif isinstance(member, (classmethod, staticmethod)) or inspect.isfunction(member):
             fn = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
             lines.append(f"#### `{cls.__name__}.{name}{_sig(fn)}`\n")
@@ -95,7 +106,7 @@ def document_module(modname, lines) -> bool:
         if (inspect.isclass(obj) or inspect.isfunction(obj)) and home and home != modname \
                 and home.startswith("spherepde") and home in MODULES:
             first = (inspect.getdoc(obj) or "").strip().splitlines()
-            lines.append(f"- `{name}`: {first[0] if first else ''} (see `{home}`)\n")
+            lines.append(f"- `{name}`: {_plain(first[0]) if first else ''} (see `{home}`)\n")
             continue
         if inspect.isclass(obj):
             document_class(obj, lines)
