@@ -16,7 +16,7 @@ from functools import cached_property
 import numpy as np
 
 from .._checks import positive_int
-from ._healpix_map import face_map, face_map_jacobian
+from ._healpix_map import FACE_AREA, face_map, face_map_jacobian
 from .base import Grid, incidence, least_squares_stencil
 
 __all__ = ["HealpixGrid"]
@@ -33,6 +33,28 @@ _EDGES = ((6, "y", 0), (4, "x", 1), (2, "y", 1), (0, "x", 0))
 def _gauss01(n: int):
     t, w = np.polynomial.legendre.leggauss(n)
     return 0.5 * (t + 1.0), 0.5 * w
+
+
+def _square_rule(order: int, face, x0, y0, h):
+    """Cell rule on the face squares [x0, x0 + h] x [y0, y0 + h]: points (n, 2 order^2, 3) and weights
+    (2 order^2,) summing to 1 (see :meth:`HealpixGrid._cell_quadrature`)."""
+    u, wu = _gauss01(order)
+    v, wv = _gauss01(order)
+    U, Vv = np.meshgrid(u, v, indexing="ij")
+    Wt = (wu[:, None] * u[:, None] * wv[None, :]).ravel()  # Duffy Jacobian u, per triangle
+    U, Vv = U.ravel(), Vv.ravel()
+    x0 = np.asarray(x0, float)[:, None]
+    y0 = np.asarray(y0, float)[:, None]
+    h = np.broadcast_to(np.asarray(h, float), x0.shape[:1])[:, None]
+    pts = []
+    # north triangle: apex N = (x0+h, y0+h), base W = (x0, y0+h) -> E = (x0+h, y0)
+    # south triangle: apex S = (x0, y0),     base W = (x0, y0+h) -> E = (x0+h, y0)
+    for a in (1.0, 0.0):
+        px = (x0 + a * h) + U[None, :] * (Vv[None, :] * h - a * h)
+        py = (y0 + a * h) + U[None, :] * ((1 - Vv)[None, :] * h - a * h)
+        f = np.broadcast_to(np.asarray(face)[:, None], px.shape)
+        pts.append(face_map(f, px, py))
+    return np.concatenate(pts, axis=1), np.concatenate([Wt, Wt])
 
 
 class HealpixGrid(Grid):
@@ -185,24 +207,45 @@ class HealpixGrid(Grid):
         if cells is None:
             cells = np.arange(self.n_cells)
         h = 1.0 / self.nside
-        u, wu = _gauss01(order)
-        v, wv = _gauss01(order)
-        U, Vv = np.meshgrid(u, v, indexing="ij")
-        Wt = (wu[:, None] * u[:, None] * wv[None, :]).ravel()  # Duffy Jacobian u, per triangle
-        U, Vv = U.ravel(), Vv.ravel()
-        x0 = self._ix[cells] * h
-        y0 = self._iy[cells] * h
-        pts = []
-        # north triangle: apex N = (x0+h, y0+h), base W = (x0, y0+h) -> E = (x0+h, y0)
-        # south triangle: apex S = (x0, y0),     base W = (x0, y0+h) -> E = (x0+h, y0)
-        for ax, ay in ((h, h), (0.0, 0.0)):
-            px = (x0 + ax)[:, None] + U[None, :] * ((1 - Vv) * 0.0 + Vv * h - ax)[None, :]
-            py = (y0 + ay)[:, None] + U[None, :] * ((1 - Vv) * h + Vv * 0.0 - ay)[None, :]
-            f = np.broadcast_to(self._face[cells][:, None], px.shape)
-            pts.append(face_map(f, px, py))
-        return np.concatenate(pts, axis=1), np.concatenate([Wt, Wt])
+        return _square_rule(order, self._face[cells], self._ix[cells] * h, self._iy[cells] * h, h)
 
-    def cell_average(self, func, order: int | None = None, chunk: int = 65536) -> np.ndarray:
+    # Sub-cells of the adaptive cell averages (see Grid._adaptive_average): a row (face, x0, y0, h) is the
+    # square [x0, x0 + h] x [y0, y0 + h] of a base face, whose four quarters are exact sub-cells (the
+    # NESTED children where nside is a power of 2), of area FACE_AREA h^2 (the face map is equal-area).
+    def _sub_roots(self):
+        h = 1.0 / self.nside
+        desc = np.stack([self._face, self._ix * h, self._iy * h, np.full(self.n_cells, h)], axis=1)
+        return desc.astype(float), np.arange(self.n_cells)
+
+    def _sub_rule(self, desc, order: int, root: bool = False):
+        if root and order == self.cell_order and desc.shape[0] == self.n_cells:
+            pts, w = self.cell_points, self.cell_weights
+        else:
+            pts, w = _square_rule(order, desc[:, 0].astype(np.int64), desc[:, 1], desc[:, 2], desc[:, 3])
+        return pts, w[None, :] * (FACE_AREA * desc[:, 3] ** 2)[:, None]
+
+    @staticmethod
+    def _sub_children(desc):
+        n = desc.shape[0]
+        half = 0.5 * desc[:, 3]
+        kids = np.repeat(desc, 4, axis=0)
+        kids[:, 1] += np.tile([0.0, 1.0, 0.0, 1.0], n) * np.repeat(half, 4)
+        kids[:, 2] += np.tile([0.0, 0.0, 1.0, 1.0], n) * np.repeat(half, 4)
+        kids[:, 3] = np.repeat(half, 4)
+        return kids, np.repeat(np.arange(n), 4)
+
+    @staticmethod
+    def _sub_ball(desc):
+        f = desc[:, 0].astype(np.int64)
+        x0, y0, h = desc[:, 1], desc[:, 2], desc[:, 3]
+        c = face_map(f, x0 + 0.5 * h, y0 + 0.5 * h)
+        r = np.zeros(len(f))
+        for ox, oy in ((0, 0), (1, 0), (0, 1), (1, 1), (0.5, 0), (0, 0.5), (1, 0.5), (0.5, 1)):
+            r = np.maximum(r, np.linalg.norm(face_map(f, x0 + ox * h, y0 + oy * h) - c, axis=1))
+        return c, 1.5 * r  # the edges are curved: a margin over the corner and edge-midpoint distances
+
+    def cell_average(self, func, order: int | None = None, chunk: int = 65536, *, rtol: float | None = None,
+                     features=None, info: bool = False):
         """Cell averages (1/|C_i|) int_{C_i} func dA of ``func(x) -> (n,)`` by sub-pixel quadrature.
 
         Parameters
@@ -212,8 +255,23 @@ class HealpixGrid(Grid):
             Gauss order per direction on each of the two triangles of a pixel (default: the grid's
             ``cell_order``, 32 points per pixel). The error is far below the scheme's for smooth
             ``func`` (see tests/test_healpix.py).
+        rtol : float, optional
+            Adaptive quadrature to this relative accuracy of the total (for ``func`` with features
+            below the pixel size, e.g. a narrow vMF density): pixels whose values vary strongly are
+            split into their four sub-pixels (exact sub-cells in face coordinates), recursively, until
+            the rule agrees with its children's sum (see ``Grid._adaptive_average``).
+        features : list of (point, width), optional
+            With ``rtol``: where ``func`` has structure of angular size ``width`` (a vMF mean and
+            1 / sqrt(kappa)); pieces wider than that near the point are always refined, since the
+            rule's nodes could miss the feature and its error estimate with them.
+        info : bool, default False
+            With ``rtol``: also return the dict of the refinement (tested cells, pieces, levels,
+            estimated relative error, converged).
         """
         order = self.cell_order if order is None else positive_int(order, "order")
+        if rtol is not None:
+            avg, inf = self._adaptive_average(func, order, float(rtol), features)
+            return (avg, inf) if info else avg
         out = np.empty(self.n_cells)
         for start in range(0, self.n_cells, chunk):
             cells = np.arange(start, min(start + chunk, self.n_cells))
