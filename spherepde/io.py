@@ -98,6 +98,8 @@ _VARIABLES = {
     "alignment_F": ("alignment of the mass with the eigenspace F", "1"),
     "alignment_F_abs": ("alignment of the mass with the eigenspace F_abs", "1"),
     "V_p": ("Lyapunov functional V_p", "1"),
+    "w2_floor": ("least W2 to Pi#rho_0 of any density on the grid (nearest cell centres)", "1"),
+    "w2_at_floor": ("1 where W2 to Pi#rho_0 is at the grid floor (a plateau of resolution, not a rate)", "1"),
     "p": ("exponent p of V_p", "1"),
     "positions": ("token positions, unit vectors of R^d", "1"),
     "weights": ("token weights (sum 1)", "1"),

@@ -330,7 +330,7 @@ def concentration_series(result, p: float = 0.25) -> dict:
     s = spectral_data(model.B, model.V)
     w0 = result.density[0] * grid.areas
     limit = limit_measure(grid.centers, w0, model.B, model.V, spectral=s)
-    keys = ("w2_limit", "alignment_E", "alignment_F", "alignment_F_abs", "V_p")
+    keys = ("w2_limit", "alignment_E", "alignment_F", "alignment_F_abs", "V_p", "w2_floor", "w2_at_floor")
     out = {k: [] for k in keys}
     k = s.E.shape[0]
     p_eff = p if 2 * p < k else 0.5 * k * 0.5

@@ -101,13 +101,13 @@ def summary(result, out) -> str:
     on_E = t[np.argmax(aE >= 0.99)] if np.any(aE >= 0.99) else np.nan
     t_exit, t_EF = exit_time(t, aE), transition_time(t, aE, aF)
     i = int(np.argmin(w2))
-    e1 = np.array([1.0, 0.0, 0.0])
-    floor = float(np.min(np.arccos(np.clip(result.grid.centers @ e1, -1.0, 1.0))))
+    floor = float(np.asarray(c["w2_floor"])[i]) if "w2_floor" in c else np.nan
+    at_floor = bool(np.asarray(c["w2_at_floor"])[i]) if "w2_at_floor" in c else False
     lines += [
         f"  1. Concentration on E = span e1 (Theorem 1): align E reaches 0.99 at {when(on_E)}; W2 to Pi#rho_0 "
         f"falls from {w2[0]:.3g} to its minimum {w2[i]:.3g} at t = {t[i]:.3g}"
-        + (f" -- the grid floor (the distance from e1 to the nearest cell centre is {floor:.3g}): a finer grid "
-           "gives a smaller minimum" if w2[i] < 1.5 * floor else "") + ".",
+        + (f" -- at the grid floor (no density on this grid is closer to Pi#rho_0 than {floor:.3g}, the "
+           "nearest cell centres): a finer grid gives a smaller minimum" if at_floor else "") + ".",
         f"  2. Exit from E (t_exit, align E back below 0.9): {when(t_exit)}; the mass goes through F_abs = span e3 "
         f"(largest align F_abs {aFa.max():.2f}).",
         f"  3. Alignment with F = span e2 (t_EF, align F above align E): {when(t_EF)}; at T: align E {aE[-1]:.3f}, "
