@@ -116,6 +116,24 @@ def _sin_exponents(d: int, k: int | None = None) -> list[int]:
     return [(d - 2 - j) - (1 if (k is not None and j < k) else 0) for j in range(d - 2)]
 
 
+
+def _subdivide(lo, hi, pieces):
+    """Boxes lo, hi (n, m) cut into pieces[i, j] equal parts along angle j: (parent index, sub lo, sub hi),
+    the sub-boxes of each box consecutive, the last part of each angle ending exactly on hi."""
+    m = lo.shape[1]
+    total = np.prod(pieces, axis=1)
+    rep = np.repeat(np.arange(len(total)), total)
+    local = np.arange(rep.size) - np.repeat(np.cumsum(total) - total, total)
+    sub_lo, sub_hi = np.empty((rep.size, m)), np.empty((rep.size, m))
+    for j in range(m - 1, -1, -1):
+        pj = pieces[rep, j]
+        ij = local % pj
+        local = local // pj
+        wj = (hi[rep, j] - lo[rep, j]) / pj
+        sub_lo[:, j] = lo[rep, j] + ij * wj
+        sub_hi[:, j] = np.where(ij == pj - 1, hi[rep, j], lo[rep, j] + (ij + 1) * wj)
+    return rep, sub_lo, sub_hi
+
 class TensorGrid(Grid):
     """Cells that are boxes in hyperspherical angles on S^(d-1).
 
@@ -261,19 +279,7 @@ class TensorGrid(Grid):
         pieces = np.maximum(1, np.ceil((hi - lo) / wmax).astype(np.int64))
         if fixed is not None:
             pieces[np.arange(len(pieces)), fixed] = 1
-        total = np.prod(pieces, axis=1)
-        rep = np.repeat(np.arange(len(total)), total)
-        local = np.arange(rep.size) - np.repeat(np.cumsum(total) - total, total)
-        sub_lo = np.empty((rep.size, m))
-        sub_hi = np.empty((rep.size, m))
-        for j in range(m - 1, -1, -1):
-            pj = pieces[rep, j]
-            ij = local % pj
-            local = local // pj
-            wj = (hi[rep, j] - lo[rep, j]) / pj
-            sub_lo[:, j] = lo[rep, j] + ij * wj
-            sub_hi[:, j] = np.where(ij == pj - 1, hi[rep, j], lo[rep, j] + (ij + 1) * wj)
-        return rep, sub_lo, sub_hi
+        return _subdivide(lo, hi, pieces)
 
     def _cell_quadrature(self, order: int, cells):
         """Points (P, d), volume weights (P,) and owning cell (P,) of a Gauss rule on the listed cells
@@ -337,17 +343,7 @@ class TensorGrid(Grid):
             metric[:, j] = metric[:, j - 1] * smax[:, j - 1]
         ext = (hi - lo) * metric
         pieces = np.where(ext >= 0.5 * ext.max(axis=1, keepdims=True), 2, 1)
-        total = np.prod(pieces, axis=1)
-        rep = np.repeat(np.arange(len(total)), total)
-        local = np.arange(rep.size) - np.repeat(np.cumsum(total) - total, total)
-        klo, khi = np.empty((rep.size, m)), np.empty((rep.size, m))
-        for j in range(m - 1, -1, -1):
-            pj = pieces[rep, j]
-            ij = local % pj
-            local = local // pj
-            wj = (hi[rep, j] - lo[rep, j]) / pj
-            klo[:, j] = lo[rep, j] + ij * wj
-            khi[:, j] = np.where(ij == pj - 1, hi[rep, j], lo[rep, j] + (ij + 1) * wj)
+        rep, klo, khi = _subdivide(lo, hi, pieces)
         return np.concatenate([klo, khi], axis=1), rep
 
     def _sub_ball(self, desc):
