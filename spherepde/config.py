@@ -520,11 +520,12 @@ class InitialConfig:
             return np.full(grid.n_cells, 1.0 / grid.total_area)
         f0 = self.density(grid.dim)
         h = math.sqrt(grid.total_area / grid.n_cells)
-        narrow = [(i, mu, w) for i, mu, w in self.features() if w < NARROW_CELLS * h]
+        feats = self.features()
+        narrow = [(i, mu, w) for i, mu, w in feats if w < NARROW_CELLS * h]
         if self.sample == "center":
             vals = np.asarray(f0(grid.centers), dtype=float)
             if narrow:
-                i, _, w = min(narrow, key=lambda t: t[2])
+                i, _, w = _narrowest(narrow)
                 _warn(f"initial.kappas[{i}] = {self.kappas[i]:g}: the vMF width 1/sqrt(kappa) = {w:.3g} is below "
                       f"the cell width {h:.3g}, so values at the cell centres are not the density's cell averages "
                       f"(their mass is {grid.mass(vals):.6g}, not 1): use sample = \"average\" (the default, adaptive "
@@ -536,13 +537,13 @@ class InitialConfig:
         else:
             out, info = grid.cell_average(f0, rtol=1e-13, features=[(mu, w) for _, mu, w in narrow], info=True)
             if not info["converged"]:
-                i, _, w = min(narrow, key=lambda t: t[2])
+                i, _, w = _narrowest(narrow)
                 _warn(f"initial.kappas[{i}] = {self.kappas[i]:g}: adaptive cell averages did not converge "
                       f"(estimated relative error {info['error']:.2g} after {info['pieces']} sub-cells): "
                       "raise the grid resolution or lower kappa")
         mass = grid.mass(out)
-        if abs(mass - 1.0) > tol and self.features():
-            i, _, w = min(self.features(), key=lambda t: t[2])
+        if abs(mass - 1.0) > tol and feats:
+            i, _, w = _narrowest(feats)
             _warn(f"initial: the cell averages have mass {mass:.15g}, not 1 (narrowest component "
                   f"initial.kappas[{i}] = {self.kappas[i]:g}, width {w:.3g}, cell width {h:.3g}): raise the grid "
                   "resolution")
@@ -551,6 +552,11 @@ class InitialConfig:
 
 #: A vMF component narrower than this many cell widths is cell-averaged adaptively (InitialConfig.build).
 NARROW_CELLS = 2.0
+
+
+def _narrowest(features):
+    """The (index, mean, width) of the narrowest vMF component."""
+    return min(features, key=lambda item: item[2])
 
 
 def _warn(msg: str) -> None:
@@ -724,6 +730,11 @@ class ExperimentConfig:
 
     def _source_matches(self) -> bool:
         return bool(self.source_json) and self.source_json == self.to_json()
+
+    def validated(self) -> "ExperimentConfig":
+        """This configuration when it is the one its source parsed to; else (changed with
+        ``dataclasses.replace``) validated again from its objects (a ConfigError naming the key)."""
+        return self if self._source_matches() else parse_config(self.to_dict())
 
     @property
     def raw(self) -> dict:

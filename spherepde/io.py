@@ -71,9 +71,10 @@ FORMAT_VERSION = 3
 
 #: CF attributes (long_name, units) of the variables spherepde writes; "DENSITY" / "MEASURE" stand for the
 #: units of a density on S^{d-1} and of its surface measure (see :func:`_units`). Others get their name.
+_TIME = ("time t (depth through the transformer; dimensionless)", "1")
 _VARIABLES = {
-    "time": ("time t (depth through the transformer; dimensionless)", "1"),
-    "times": ("time t (depth through the transformer; dimensionless)", "1"),
+    "time": _TIME,
+    "times": _TIME,
     "density": ("cell average of the token density f_t (with respect to the surface measure)", "DENSITY"),
     "cell_area": ("measure of the cell on the sphere", "MEASURE"),
     "cell_center": ("cell centre, a unit vector of R^d", "1"),
@@ -349,6 +350,16 @@ def _scale(g, name: str, n: int, values=None, dim: int = 3):
     return ds
 
 
+def _variable(g, name: str, scales, dim: int, **create):
+    """Dataset ``name`` of ``g`` (``create``: h5py's create_dataset arguments) along the dimension scales
+    ``scales`` (one per axis), with its CF long_name and units."""
+    ds = g.create_dataset(name, **create)
+    for i, sc in enumerate(scales):
+        ds.dims[i].attach_scale(sc)
+    _describe(ds, name, dim)
+    return ds
+
+
 def _is_scale(ds) -> bool:
     return ds.attrs.get("spherepde_role", "") == "dimension"
 
@@ -367,18 +378,18 @@ def _write_dict_group(parent, name, data: dict, dim: int = 3):
     g = parent.create_group(name)
     arrays = {k: np.asarray(v) for k, v in data.items()}
     for k, a in arrays.items():
-        ds = g.create_dataset(k, data=a)
-        _describe(ds, k, dim)
+        _describe(g.create_dataset(k, data=a), k, dim)
     sha = _group_digest(_group_data(g))  # of what reads back, before the scales are added
+    dims = _GROUP_DIMS.get(name, {})
+    times = arrays.get("times")
     lengths = {}
     for k, a in arrays.items():
-        names = _GROUP_DIMS.get(name, {}).get(k, _GROUP_DIMS.get(name, {}).get("*", ()))
+        names = dims.get(k, dims.get("*", ()))
         for i, n in enumerate(a.shape):
             want = names[i] if i < len(names) else f"{k}_{i}"
-            if lengths.setdefault(want, n) != n:
+            if lengths.setdefault(want, n) != n:  # the group's dimension of that name has another length
                 want = f"{k}_{i}"
-            lengths.setdefault(want, n)
-            times = arrays.get("times")
+                lengths[want] = n
             vals = times if want == "time" and times is not None and times.shape == (n,) else None
             g[k].dims[i].attach_scale(_scale(g, want, n, vals, dim))
     g.attrs["sha256"] = sha
@@ -427,46 +438,29 @@ def _write_header(h, config, grid, options=None, model=None):
         h.attrs[f"version_{k}"] = val
     d = int(grid.dim)
     centers = np.asarray(grid.centers, dtype=float)
-    t = h.create_dataset("time", shape=(0,), maxshape=(None,), dtype="f8", chunks=(1024,))
+    t = h.create_dataset("time", shape=(0,), maxshape=(None,), dtype="f8", chunks=(1024,))  # appended
     t.make_scale("time")
     t.attrs["axis"] = "T"
     _describe(t, "time", d)
-    cell = h.create_dataset("cell", data=np.arange(grid.n_cells, dtype=np.int64))
-    cell.make_scale("cell")
-    _describe(cell, "cell", d)
+    cell = _scale(h, "cell", grid.n_cells, dim=d)
     if gattrs["type"] == "healpix":
         cell.attrs["long_name"] = f"HEALPix pixel index (RING order, nside {gattrs['nside']})"
-    comp = h.create_dataset("component", data=np.arange(d, dtype=np.int64))
-    comp.make_scale("component")
-    _describe(comp, "component", d)
-    area = h.create_dataset("cell_area", data=np.asarray(grid.areas, dtype=float))
-    area.dims[0].attach_scale(cell)
-    _describe(area, "cell_area", d)
-    cen = h.create_dataset("cell_center", data=centers)
-    cen.dims[0].attach_scale(cell)
-    cen.dims[1].attach_scale(comp)
-    _describe(cen, "cell_center", d)
+    comp = _scale(h, "component", d, dim=d)
+    _variable(h, "cell_area", (cell,), d, data=np.asarray(grid.areas, dtype=float))
+    _variable(h, "cell_center", (cell, comp), d, data=centers)
     coords = []
     if d == 3:
-        for name, vals in (("lon", np.degrees(np.arctan2(centers[:, 1], centers[:, 0]))),
-                           ("lat", np.degrees(np.arcsin(np.clip(centers[:, 2], -1.0, 1.0))))):
-            ds = h.create_dataset(name, data=vals)
-            ds.dims[0].attach_scale(cell)
-            _describe(ds, name, d)
-            ds.attrs["standard_name"] = "longitude" if name == "lon" else "latitude"
+        for name, standard, vals in (
+                ("lon", "longitude", np.degrees(np.arctan2(centers[:, 1], centers[:, 0]))),
+                ("lat", "latitude", np.degrees(np.arcsin(np.clip(centers[:, 2], -1.0, 1.0))))):
+            _variable(h, name, (cell,), d, data=vals).attrs["standard_name"] = standard
             coords.append(name)
-    dens = h.create_dataset("density", shape=(0, grid.n_cells), maxshape=(None, grid.n_cells), dtype="f8",
-                            chunks=(1, grid.n_cells))
-    dens.dims[0].attach_scale(t)
-    dens.dims[1].attach_scale(cell)
-    _describe(dens, "density", d)
+    dens = _variable(h, "density", (t, cell), d, shape=(0, grid.n_cells), maxshape=(None, grid.n_cells),
+                     dtype="f8", chunks=(1, grid.n_cells))
     dens.attrs["cell_measures"] = "area: cell_area"
     if coords:
         dens.attrs["coordinates"] = " ".join(coords)
-    sums = h.create_dataset("checksums", shape=(0,), maxshape=(None,), dtype="S64", chunks=(1024,))
-    sums.dims[0].attach_scale(t)
-    _describe(sums, "checksums", d)
-
+    _variable(h, "checksums", (t,), d, shape=(0,), maxshape=(None,), dtype="S64", chunks=(1024,))
 
 def _times(h):
     """The saved times of a results file (``time``; ``times`` before format version 3)."""

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from . import io as _io
-from .config import ExperimentConfig, load_config, parse_config
+from .config import ExperimentConfig, load_config
 
 __all__ = ["run_experiment", "postprocess", "RunnerError", "RESULTS_NAME", "CHECKPOINT_NAME", "examples",
            "example_path", "resolve_experiment"]
@@ -92,9 +92,7 @@ def _as_config(config) -> ExperimentConfig:
     ``dataclasses.replace`` no longer matches its source text; it is validated again from its objects,
     and that (``cfg.text`` written from them) is what ``experiment.toml`` and ``results.h5`` record."""
     if isinstance(config, ExperimentConfig):
-        if config.source_json and config.source_json == config.to_json():
-            return config
-        return parse_config(config.to_dict())
+        return config.validated()
     return load_config(config)
 
 
