@@ -73,5 +73,5 @@ def test_fig3_quick_maps_and_animation(tmp_path, monkeypatch):
     assert d["align_E"][-1] > 0.9 and d["align_F"][-1] < 0.05  # E first at beta = 100
     assert res["mass_drift"] < 1e-12 and res["min_density"] > 0
     for name in ("maps_quick.png", "alignment_quick.png", "animation_quick.gif", "results_quick.md",
-                 "results_quick.json", "density_n6_quick.npz"):
+                 "results_quick.json", "density_n6_quick.nc"):
         assert (tmp_path / name).exists()

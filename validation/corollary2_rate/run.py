@@ -37,6 +37,25 @@ from scipy.special import beta as beta_fn
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 from validation import criteria as C  # noqa: E402
+from validation import datafile  # noqa: E402
+
+#: raw_nside<N>.nc (validation.datafile): dims, long_name, units of each variable
+RAW_SCHEMA = {
+    "times": (("time",), "time", "1"),
+    "w2": (("time",), "W2 distance from the limit measure Pi#rho_0 (chordal cost)", "1"),
+    "atoms": (("atom", "component"), "atoms of Pi#rho_0", "1"),
+    "atom_weights": (("atom",), "weights of the atoms of Pi#rho_0", "1"),
+    "p": (("p",), "exponent p of the Lyapunov functional V_p", "1"),
+    "vp": (("p", "time"), "V_p of the grid density, exact cell averages of the weight (lyapunov_vp grid=)", "1"),
+    "vp_centres": (("p", "time"), "V_p from the weight at the cell centres (for reference; singular on E^perp)", "1"),
+    "vp_cellquad": (("p", "time"), "V_p from the sub-pixel Gauss quadrature of the weight (for reference)", "1"),
+    "wall_vp_weights": ((), "wall time of the exact weight cell averages", "s"),
+    "cpu": ((), "CPU time of the solve", "s"),
+    "wall": ((), "wall time of the solve", "s"),
+    "n_steps": ((), "number of time steps", "1"),
+    "mass_drift": ((), "max |mass(t) - mass(0)|", "1"),
+    "min_final": ((), "minimum of the final density", "sr-1"),
+}
 B = np.diag([-1.0, -1.0, 1.0])
 V = np.diag([-1.0, 1.0, -2.0])
 
@@ -131,11 +150,13 @@ def solve_one(a, nside, times):
             vpq[p].append(float(np.dot(m, vp_quad[p])))
             vpc[p].append(float(sp.lyapunov_vp(grid.centers, m, spec.E, p)))
     d = res.diagnostics
-    np.savez(HERE_out(a) / f"raw_nside{nside}.npz", times=res.times, w2=np.array(w2), atoms=atoms, atom_weights=aw,
-             p=np.array(a.p), vp=np.array([vps[p] for p in a.p]), vp_centres=np.array([vpc[p] for p in a.p]),
-             vp_cellquad=np.array([vpq[p] for p in a.p]), wall_vp_weights=wall_weights,
-             cpu=cpu, wall=wall, n_steps=res.n_steps, mass_drift=float(np.max(np.abs(d["mass"] - d["mass"][0]))),
-             min_final=float(d["min"][-1]))
+    datafile.save(HERE_out(a) / f"raw_nside{nside}.nc",
+                  dict(times=res.times, w2=np.array(w2), atoms=atoms, atom_weights=aw,
+                       p=np.array(a.p), vp=np.array([vps[p] for p in a.p]), vp_centres=np.array([vpc[p] for p in a.p]),
+                       vp_cellquad=np.array([vpq[p] for p in a.p]), wall_vp_weights=wall_weights,
+                       cpu=cpu, wall=wall, n_steps=res.n_steps,
+                       mass_drift=float(np.max(np.abs(d["mass"] - d["mass"][0]))), min_final=float(d["min"][-1])),
+                  RAW_SCHEMA, f"Corollary 2 rates, zero temperature, nside {nside}", coords={"time": "times"})
     print(f"nside {nside}: {res.n_steps} steps, cpu {cpu:.1f} s, wall {wall:.1f} s; W2 {w2[0]:.4f} -> {w2[-1]:.2e}",
           flush=True)
 
@@ -214,7 +235,7 @@ def analyze(a):
     out["continuum"]["w2_rate"] = {}
     out["continuum"]["vp_rate"] = {f"{p:g}": {} for p in a.p}
     for nside in a.nside:
-        r = np.load(a.out / f"raw_nside{nside}.npz")
+        r = datafile.load(a.out / f"raw_nside{nside}.nc")
         t, w2 = r["times"], r["w2"]
         t_floor = floor_time_vs_continuum(t, w2, tc, cw2, t_min)
         run = {"cpu_s": float(r["cpu"]), "wall_s": float(r["wall"]), "n_steps": int(r["n_steps"]),
@@ -238,7 +259,7 @@ def analyze(a):
                    "max_rel_dev_in_window": float(dev[t <= tf + 1e-12].max()),
                    "rel_dev_at": {f"{x:g}": float(dev[int(np.argmin(np.abs(t - x)))]) for x in (0.0, 1.0, 2.0, 3.0, 4.0)
                                   if x <= t[-1] + 1e-9}}
-            if "vp_cellquad" in r.files:  # the earlier sub-pixel quadrature of the weight, for comparison
+            if "vp_cellquad" in r:  # the earlier sub-pixel quadrature of the weight, for comparison
                 q = r["vp_cellquad"][i]
                 tq = floor_time_rates(t, q, tc, cvp[p], t_min)
                 ent["cellquad"] = {"values": q.tolist(), "window": [t_min, tq], "rate": fit_rate(t, q, (t_min, tq))}

@@ -6,7 +6,8 @@ both. A second density run from a slightly perturbed f0 (5 %, breaks the reflect
 uniform density) is recorded alongside (alignment only).
 
 Usage: ``python validation/fig3_density/run.py [--quick] [--nside N] [--replot]``. Writes results.md, results.json,
-maps.png, alignment.png, animation.gif (quick mode: *_quick.*) and density_n<N>.npz (raw densities, float32).
+maps.png, alignment.png, animation.gif (quick mode: *_quick.*) and density_n<N>.nc (raw densities and tokens,
+float32, NetCDF4/CF: validation.datafile).
 """
 from __future__ import annotations
 
@@ -23,12 +24,21 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 from spherepde import Attention, sample_uniform, simulate_particles  # noqa: E402
 from validation import criteria as C  # noqa: E402
+from validation import datafile  # noqa: E402
 from validation.fig3_density.common import (PAPER_B, PAPER_V, grid_measures, machine, measures,  # noqa: E402
                                             options_record, options_text, run_density,
                                             transition_time)
 
 BETA = 100.0
 MAP_TIMES = (0.0, 2.0, 5.0, 10.0, 15.0, 20.0)
+
+#: density_n<N>.nc (validation.datafile): dims, long_name, units of each variable
+DENSITY_SCHEMA = {
+    "times": (("time",), "time t (depth through the transformer; dimensionless)", "1"),
+    "density": (("time", "cell"), "token density f_t (cell average, HEALPix RING order), float32", "sr-1"),
+    "particles": (("time", "particle", "component"), "positions of the 200 tokens (Algorithm 1)", "1"),
+    "nside": ((), "HEALPix nside of the density grid", "1"),
+}
 
 
 #: End of the first phase (README: W2 reaches the grid floor ~h by t = 5).
@@ -84,7 +94,7 @@ def main(argv=None):
     ap.add_argument("--results", default=None, help="with --check-only: this results JSON")
     ap.add_argument("--nside", type=int, default=None)
     ap.add_argument("--no-perturbed", action="store_true")
-    ap.add_argument("--replot", action="store_true", help="rebuild the figures from results.json + density npz")
+    ap.add_argument("--replot", action="store_true", help="rebuild the figures from results.json + density_n<N>.nc")
     a = ap.parse_args(argv)
     nside = a.nside or (6 if a.quick else 32)
     if a.replot:
@@ -94,7 +104,7 @@ def main(argv=None):
 
         sfx = "_quick" if a.quick else ""
         res = json.loads((HERE / f"results{sfx}.json").read_text())
-        z = np.load(HERE / f"density_n{res['nside']}{sfx}.npz")
+        z = datafile.load(HERE / f"density_n{res['nside']}{sfx}.nc")
         figures(HealpixGrid(int(res["nside"])), SimpleNamespace(density=z["density"].astype(float)),
                 SimpleNamespace(positions=z["particles"].astype(float)), res,
                 (0.0, 1.0, 2.0) if a.quick else MAP_TIMES, sfx)
@@ -142,8 +152,11 @@ def main(argv=None):
                       "t_transition": transition_time(save, mpart["align_E"], mpart["align_F"])},
         "machine": machine(),
     }
-    np.savez_compressed(HERE / f"density_n{nside}{sfx}.npz", times=save, density=r.density.astype(np.float32),
-                        particles=pr.positions.astype(np.float32), nside=nside)
+    datafile.save(HERE / f"density_n{nside}{sfx}.nc",
+                  dict(times=save, density=r.density.astype(np.float32), particles=pr.positions.astype(np.float32),
+                       nside=nside),
+                  DENSITY_SCHEMA, f"Figure 3 at density level, beta {BETA:g}, nside {nside}", coords={"time": "times"},
+                  compress=("density", "particles"))
     figures(g, r, pr, res, map_times, sfx)
     res["wall_total_s"] = time.perf_counter() - t_all
     (HERE / f"results{sfx}.json").write_text(json.dumps(res, indent=1))

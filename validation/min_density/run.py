@@ -38,6 +38,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 from validation import criteria as C  # noqa: E402
+from validation import datafile  # noqa: E402
 
 B = np.diag([-1.0, -1.0, 1.0])
 V = np.diag([-1.0, 1.0, -2.0])
@@ -49,6 +50,23 @@ LIMITERS = ("maximum", "positivity")
 #: measured worst ratio over all betas is stated in README.md; 1e-3 is far above it and far below the
 #: positivity limiter's violations (ratios down to 1e-10 at nside 32, 0.67 at nside 8).
 MAX_RATIO_TOL = 1e-3
+
+#: raw_<limiter>_beta<b>.nc (validation.datafile): dims, long_name, units of each variable; one entry per
+#: solver step along ``step`` (the results file's diagnostics)
+RAW_SCHEMA = {
+    "time": (("step",), "time t after each step (depth through the transformer; dimensionless)", "1"),
+    "min": (("step",), "minimum over cells of the density", "sr-1"),
+    "gronwall": (("step",), "Gronwall bound min f_0 exp(-int_0^t sup_x div v_s ds)", "sr-1"),
+    "sup_div": (("step",), "sup over cells of the discrete divergence of the velocity", "1"),
+    "mass": (("step",), "total mass", "1"),
+    "max": (("step",), "maximum over cells of the density", "sr-1"),
+    "cpu": ((), "CPU time of the solve", "s"),
+    "wall": ((), "wall time of the solve", "s"),
+    "n_steps": ((), "number of time steps", "1"),
+    "field_interval": ((), "steps between field evaluations (0: every stage)", "1"),
+    "nside": ((), "HEALPix nside", "1"),
+    "f_end": (("cell",), "density at the final time (HEALPix RING order)", "sr-1"),
+}
 
 
 def f0(x):  # the study's density in closed form (the sweep builds it as initial.type = "quadratic")
@@ -90,7 +108,7 @@ def model_for(beta_s):
 
 
 def raw_path(a, limiter, beta_s):
-    return a.out / f"raw_{limiter}_beta{beta_s}.npz"
+    return a.out / f"raw_{limiter}_beta{beta_s}.nc"
 
 
 def sweep_spec(a):
@@ -115,7 +133,7 @@ def sweep_spec(a):
 def solve_all(a, workers=None, scheduler=None):
     """Run the sweep on Dask (a LocalCluster, or DASK_SCHEDULER_ADDRESS) into ``a.out/sweep_runs`` (always
     from the start: a member is keyed by its configuration, not the code), then write every member's
-    per-step diagnostics to raw_<limiter>_beta<b>.npz as before."""
+    per-step diagnostics to raw_<limiter>_beta<b>.nc (NetCDF4/CF, validation.datafile)."""
     import spherepde as sp
 
     spec = sweep_spec(a)
@@ -131,9 +149,11 @@ def solve_all(a, workers=None, scheduler=None):
         res = sp.load(out / "members" / m.dirname / "results.h5")
         d = res.diagnostics
         fi = m.config.scheme.field_interval
-        np.savez(raw_path(a, lim, beta_s), limiter=lim, time=d["time"], min=d["min"], gronwall=d["gronwall"],
-                 sup_div=d["sup_div"], mass=d["mass"], max=d["max"], wall=res.wall_time, n_steps=res.n_steps,
-                 field_interval=fi or 0, nside=a.nside, f_end=res.density[-1])
+        datafile.save(raw_path(a, lim, beta_s),
+                      dict(limiter=lim, time=d["time"], min=d["min"], gronwall=d["gronwall"], sup_div=d["sup_div"],
+                           mass=d["mass"], max=d["max"], wall=res.wall_time, n_steps=res.n_steps,
+                           field_interval=fi or 0, nside=a.nside, f_end=res.density[-1]),
+                      RAW_SCHEMA, f"Minimal density against the Gronwall bound: {lim} limiter, beta {beta_s}")
         r = d["min"] / d["gronwall"]
         print(f"{lim}, beta {beta_s}: {res.n_steps} steps, wall {res.wall_time:.1f} s, min(min f / bound) = "
               f"{r.min():.4f}", flush=True)
@@ -167,7 +187,7 @@ def analyze(a):
             if not f.exists():
                 print(f"missing {f.name}")
                 continue
-            out["runs"].setdefault(lim, {})[b] = run_stats(np.load(f))
+            out["runs"].setdefault(lim, {})[b] = run_stats(datafile.load(f))
     (a.out / "results.json").write_text(json.dumps(out, indent=1))
     L = [f"# Minimal density vs Gronwall bound (nside {a.nside}, t <= {a.t_end:g}, f0 = (1 + 0.3 x1 x2)/(4 pi))", "",
          "| limiter | beta | field_interval | steps | wall s | min f_0 | min f_T | bound at T | (min f / bound) at T | "
@@ -195,7 +215,7 @@ def plot(a, out):
     style = {"maximum": "-", "positivity": ":"}
     for lim, runs in out["runs"].items():
         for k, b in enumerate(runs):
-            r = np.load(raw_path(a, lim, b))
+            r = datafile.load(raw_path(a, lim, b))
             c = f"C{k}"
             ls = style.get(lim, "-")
             ax[0].semilogy(r["time"], r["min"], c + ls, label=f"{lim}, beta = {b}")

@@ -4,6 +4,7 @@ HEALPix nside 16 pixels (mass-weighted centroids, `coarsen_measure`, size 3072) 
 Writes pde_resolution.json. Usage: python validation/pde_vs_particles/pde_resolution.py [--times 0 1 2]"""
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,13 +12,16 @@ import numpy as np
 import spherepde as sp
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+from validation import datafile  # noqa: E402
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--times", type=float, nargs="+", default=[0, 1, 2, 3, 4, 5])
 ap.add_argument("--coarse", default="nside16", help="folder (relative to this one) of the coarser run")
 ap.add_argument("--fine", default=".", help="folder of the finer run")
 ap.add_argument("--name", default="pde_resolution.json")
 a = ap.parse_args()
-p32, p16 = np.load(HERE / a.fine / "raw_pde.npz"), np.load(HERE / a.coarse / "raw_pde.npz")
+p32, p16 = datafile.load(HERE / a.fine / "raw_pde.nc"), datafile.load(HERE / a.coarse / "raw_pde.nc")
 out_f = HERE / a.name
 out = json.loads(out_f.read_text()) if out_f.exists() else {}
 for t in a.times:

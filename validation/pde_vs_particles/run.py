@@ -3,8 +3,8 @@
 beta = 100, B = diag(-1,-1,1), V = diag(-1,1,-2), f0 uniform on S^2.  W2 (chordal) between the PDE
 density and iid-uniform particle clouds of n tokens, at the save times, with a fitted log-log slope in n.
 
-Phases (``--part``): ``pde`` and ``particles`` compute and store raw arrays (``raw_pde.npz``,
-``raw_particles_n<N>.npz``) so they can run as separate processes; ``analyze`` computes the W2 table,
+Phases (``--part``): ``pde`` and ``particles`` compute and store raw arrays (``raw_pde.nc``,
+``raw_particles_n<N>.nc``, NetCDF4/CF) so they can run as separate processes; ``analyze`` computes the W2 table,
 ``results.json``, ``results.md`` and the plot from the raw files; ``all`` (default) does everything.
 
     python validation/pde_vs_particles/run.py --quick          # seconds, nside 16, n <= 4000
@@ -27,7 +27,33 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from validation import criteria as C  # noqa: E402
+from validation import datafile  # noqa: E402
 from validation.pde_vs_particles.lp import lp_row  # noqa: E402
+
+_T = "time t (depth through the transformer; dimensionless)"
+#: raw_pde.nc and raw_particles_n<N>.nc (validation.datafile): dims, long_name, units of each variable
+PDE_SCHEMA = {
+    "times": (("time",), _T, "1"),
+    "density": (("time", "cell"), "token density f_t (cell average, HEALPix RING order)", "sr-1"),
+    "centers": (("cell", "component"), "cell centres (unit vectors)", "1"),
+    "areas": (("cell",), "cell areas", "sr"),
+    "cpu": ((), "CPU time of the solve", "s"),
+    "wall": ((), "wall time of the solve", "s"),
+    "n_steps": ((), "number of time steps", "1"),
+    "nside": ((), "HEALPix nside", "1"),
+    "field_interval": ((), "steps between field evaluations (0: every stage)", "1"),
+    "diag_time": (("step",), "time after each step", "1"),
+    "diag_min": (("step",), "minimum over cells of the density after each step", "sr-1"),
+    "diag_mass": (("step",), "total mass after each step", "1"),
+}
+PARTICLES_SCHEMA = {
+    "times": (("time",), _T, "1"),
+    "positions": (("time", "particle", "component"), "token positions (unit vectors)", "1"),
+    "cpu": ((), "CPU time of the simulation", "s"),
+    "wall": ((), "wall time of the simulation", "s"),
+    "dt": ((), "time step", "1"),
+    "n_steps": ((), "number of time steps", "1"),
+}
 B = np.diag([-1.0, -1.0, 1.0])
 V = np.diag([-1.0, 1.0, -2.0])
 
@@ -88,9 +114,12 @@ def run_pde(a, times):
                    field_interval=fi)
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     d = res.diagnostics
-    np.savez(a.out / "raw_pde.npz", times=res.times, density=res.density, centers=grid.centers,
-             areas=grid.areas, cpu=cpu, wall=wall, n_steps=res.n_steps, nside=a.nside,
-             field_interval=fi or 0, diag_time=d["time"], diag_min=d["min"], diag_mass=d["mass"])
+    datafile.save(a.out / "raw_pde.nc",
+                  dict(times=res.times, density=res.density, centers=grid.centers, areas=grid.areas, cpu=cpu,
+                       wall=wall, n_steps=res.n_steps, nside=a.nside, field_interval=fi or 0, diag_time=d["time"],
+                       diag_min=d["min"], diag_mass=d["mass"]),
+                  PDE_SCHEMA, f"PDE density, beta {a.beta:g}, nside {a.nside}", coords={"time": "times"},
+                  compress=("density", "centers", "areas"))
     print(f"PDE nside {a.nside}: {res.n_steps} steps, cpu {cpu:.1f} s, wall {wall:.1f} s", flush=True)
 
 
@@ -104,8 +133,11 @@ def run_particles(a, times):
         c0, w0 = time.process_time(), time.perf_counter()
         r = sp.simulate_particles(model, x0, a.t_end, a.dt, save_at=times, method=a.method)
         cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-        np.savez(a.out / f"raw_particles_n{n}.npz", times=r.times, positions=r.positions, cpu=cpu,
-                 wall=wall, dt=a.dt, method=a.method, n_steps=r.n_steps)
+        datafile.save(a.out / f"raw_particles_n{n}.nc",
+                      dict(times=r.times, positions=r.positions, cpu=cpu, wall=wall, dt=a.dt, method=a.method,
+                           n_steps=r.n_steps),
+                      PARTICLES_SCHEMA, f"{n} tokens, beta {a.beta:g}, seed {a.seed + n}", coords={"time": "times"},
+                      compress=("positions",))
         print(f"particles n = {n}: {r.n_steps} steps ({a.method}, dt {a.dt}), cpu {cpu:.1f} s, wall {wall:.1f} s",
               flush=True)
 
@@ -136,17 +168,17 @@ def fit_slope(ns, w):
 def analyze(a, times):
     import spherepde as sp
 
-    pde = np.load(a.out / "raw_pde.npz")
+    pde = datafile.load(a.out / "raw_pde.nc")
     centers, areas = pde["centers"], pde["areas"]
     rows = []  # one per (n, t)
     tasks = []  # (n, t, grid points, grid weights, particle positions, coarsening displacement) to solve
     part_cost = {}
     for n in a.n:
-        f = a.out / f"raw_particles_n{n}.npz"
+        f = a.out / f"raw_particles_n{n}.nc"
         if not f.exists():
             print(f"missing {f.name}: skipped")
             continue
-        pr = np.load(f)
+        pr = datafile.load(f)
         # hemisphere imbalance: once both sides have concentrated on +-e1, moving the excess mass delta
         # across costs |2 e1|^2, so W2 >= ~2 sqrt(delta), a sampling fluctuation of order n^{-1/4}
         x1 = pr["positions"][0][:, 0]
