@@ -7,20 +7,22 @@ objects without pyplot and saves them, which needs no display and no backend.
 
 Functions
 ---------
-sample_map(grid, f, points) -> values at points (nearest cell: healpy ``vec2pix`` on HEALPix, a k-d tree
-    of the cell centres otherwise)
-color_norm(frames, scale="auto")                  one colour scale (linear or log) for a set of frames
-choose_frames(result, n=4)                         saved times for the maps, chosen from the dynamics
-mollweide_xy(points)                               plot coordinates of points on a Mollweide map
-plot_mollweide(grid, f, ax=None, title=None)      Mollweide map (S^2), healpy's orientation
-plot_orthographic(grid, f, ax=None, view=(1, 0, 0), particles=None)   orthographic view, optional tokens
-plot_circle(grid, f, ax=None)                      density against the angle (S^1, d = 2)
-plot_density(grid, f, ...)                         dispatch on ``grid.dim``
-plot_maps(result, kind="mollweide")                a row of maps at the times of :func:`choose_frames`
-plot_diagnostics(result)                           mass drift, min/max with the Gronwall bound, sup div v
-plot_concentration(result)                         W2 to Pi#rho_0 and alignment with E, F, F_abs
-animate(result, path, view="mollweide")            GIF through matplotlib's PillowWriter
-make_figures(result, outdir, kinds)                the set the runner and ``spherepde plot`` write
+::
+
+    sample_map(grid, f, points) -> values at points (nearest cell: healpy vec2pix on HEALPix, a k-d
+        tree of the cell centres otherwise)
+    color_norm(frames, scale="auto")                  one colour scale (linear or log) for a set of frames
+    choose_frames(result, n=4)                         saved times for the maps, chosen from the dynamics
+    mollweide_xy(points)                               plot coordinates of points on a Mollweide map
+    plot_mollweide(grid, f, ax=None, title=None)      Mollweide map (S^2), healpy's orientation
+    plot_orthographic(grid, f, ax=None, view=(1, 0, 0), particles=None)   orthographic view, optional tokens
+    plot_circle(grid, f, ax=None)                      density against the angle (S^1, d = 2)
+    plot_density(grid, f, ...)                         dispatch on grid.dim
+    plot_maps(result, kind="mollweide")                a row of maps at the times of choose_frames
+    plot_diagnostics(result)                           mass drift, min/max with the Gronwall bound, sup div v
+    plot_concentration(result)                         W2 to Pi#rho_0 and alignment with E, F, F_abs
+    animate(result, path, view="mollweide")            GIF through matplotlib's PillowWriter
+    make_figures(result, outdir, kinds)                the set the runner and spherepde plot write
 
 Conventions of the maps
 -----------------------
@@ -63,8 +65,12 @@ log = logging.getLogger(__name__)
 LOG_RATIO = 100.0
 #: A log colour scale starts at this fraction of the maximum (zeros and smaller values: lowest colour).
 LOG_FLOOR = 1e-6
+#: :func:`plot_diagnostics` notes where min f falls below the Gronwall bound by more than this fraction.
+GRONWALL_TOL = 1e-3
 #: Marker area (points^2) per token of a cell in the token overlays.
 TOKEN_AREA = 3.0
+#: Edge colour of the token rings.
+TOKEN_COLOR = "red"
 #: View direction of the orthographic figures: oblique, so that e1, e2 and e3 are all on the visible side.
 DEFAULT_VIEW = (1.0, 0.6, 0.45)
 
@@ -266,7 +272,7 @@ def _marker_legend(fig, spectral, particles=False, **kw):
         else:
             handles.append(Line2D([], [], color=st["color"], lw=st["lw"], label=_SUBSPACE_NAME[name] + ": great circle"))
     if particles:
-        handles.append(Line2D([], [], ls="none", marker="o", ms=5, mfc="white", mec="k", mew=0.5,
+        handles.append(Line2D([], [], ls="none", marker="o", ms=5, mfc="none", mec=TOKEN_COLOR, mew=0.8,
                               label="tokens (marker area ~ number in the cell)"))
     if handles:
         ncol = len(handles) if fig.get_figwidth() > 3.2 * len(handles) else 2
@@ -416,7 +422,9 @@ def plot_orthographic(grid, f, ax=None, view=(1.0, 0.0, 0.0), particles=None, ti
     if particles is not None:
         pos, cnt = _token_clusters(grid, particles)
         u, v, front = orthographic_project(pos, view)
-        ax.scatter(u[front], v[front], s=TOKEN_AREA * cnt[front], c="white", edgecolors="k", linewidths=0.4, zorder=7)
+        # hollow rings: a cell holding many tokens gets a large ring that does not hide the density under it
+        ax.scatter(u[front], v[front], s=TOKEN_AREA * cnt[front], facecolors="none", edgecolors=TOKEN_COLOR,
+                   linewidths=0.8, zorder=7)
     ax.set_xlim(-1.05, 1.05)
     ax.set_ylim(-1.05, 1.05)
     ax.set_aspect("equal")
@@ -472,9 +480,19 @@ def plot_diagnostics(result, fig=None):
     axs[1].semilogy(t, d["max"], label="max f")
     axs[1].semilogy(t, np.maximum(d["min"], 1e-300), label="min f")
     if "gronwall" in d:
-        axs[1].semilogy(t, np.maximum(d["gronwall"], 1e-300), "--", label="Gronwall bound")
+        g = np.asarray(d["gronwall"])
+        axs[1].semilogy(t, np.maximum(g, 1e-300), "--", label="Gronwall bound")
+        below = np.nonzero(np.asarray(d["min"]) < (1.0 - GRONWALL_TOL) * g)[0]
+        if below.size:  # say why, where it happens: the bound is the continuum's, not every limiter's
+            t0 = float(t[below[0]])
+            limiter = getattr(getattr(result, "options", None), "limiter", None)
+            axs[1].axvline(t0, color="0.5", ls=":", lw=0.8, label=f"min f < bound from t = {t0:.3g}")
+            why = (f"the bound is the PDE's; limiter '{limiter}' does not keep it, 'maximum' does"
+                   if limiter != "maximum" else "beyond the step tolerance of limiter 'maximum'")
+            axs[1].set_title("density extremes\n" + why, fontsize=7)
     axs[1].legend(fontsize=8)
-    axs[1].set_title("density extremes")
+    if not axs[1].get_title():
+        axs[1].set_title("density extremes")
     axs[1].set_ylabel("density f (per unit area)")
     axs[2].plot(t, d["sup_div"])
     axs[2].set_title(r"sup div$_S$ v (discrete)")

@@ -241,3 +241,19 @@ def test_animation_frames_share_one_colour_scale(grid, tmp_path, monkeypatch, pa
     assert len(clims) == 3 and all(len(c) == 1 for c in clims) and clims[0] == clims[1] == clims[2]
     lo, hi = next(iter(clims[0]))
     assert lo <= res.density.min() * 1.0001 and hi == pytest.approx(res.density.max())
+
+
+def test_diagnostics_say_where_min_f_crosses_the_gronwall_bound(grid):
+    # the default positivity limiter lets min f fall below the continuum's Gronwall bound
+    # (validation/min_density); the figure must say so where it happens, not leave a crossing unexplained
+    res = fake_result(grid, n=5, particles=False)
+    d = dict(res.diagnostics)
+    d["gronwall"] = np.full(5, 0.1)
+    d["min"] = np.array([0.1, 0.1, 0.05, 0.01, 0.001])  # below the bound from t = 0.5
+    fig = plotting.plot_diagnostics(replace(res, diagnostics=d))
+    ax = fig.axes[1]
+    assert "min f < bound from t = 0.5" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "limiter 'positivity' does not keep it" in ax.get_title()
+    d["min"] = np.full(5, 0.1 * (1 - 1e-4))  # within GRONWALL_TOL: the time integrator's share, no note
+    ax = plotting.plot_diagnostics(replace(res, diagnostics=d)).axes[1]
+    assert ax.get_title() == "density extremes" and len(ax.get_legend().get_texts()) == 3
