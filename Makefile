@@ -26,8 +26,11 @@ run: $(STAMP)
 validate: $(STAMP)
 	$(PY) -m validation.run_all
 
+# the HTML documentation (Sphinx: the guides, the API reference from the docstrings, the validation
+# studies) in docs/_build/html; warnings are errors
 docs: $(STAMP)
-	$(PY) docs/build_api.py
+	$(PY) -m sphinx -W -q -b html docs docs/_build/html
+	@echo docs/_build/html/index.html
 
 clean:
 	rm -rf output .pytest_cache

@@ -32,7 +32,7 @@ variable; the groups open with ``xarray.open_dataset(path, group="diagnostics")`
     /cell_area   (cell,)         cell measures (sr on S^2); /cell_center (cell, component) unit vectors;
                                  on S^2 also /lon, /lat (degrees) of the centres
     /checksums   (time,)         SHA-256 of each frame (time, density); groups and /config carry a sha256
-                                 attribute: :func:`load` verifies them all (format version >= 2)
+                                 attribute: load() verifies them all (format version >= 2)
     /config      attrs: toml (the experiment text), json (validated, with defaults), sha256
     /versions    attrs: one per package
     /grid        attrs: type, dim, n_cells, nside | n

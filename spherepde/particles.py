@@ -9,23 +9,29 @@ particle_velocity(model, x, t=0.0, weights=None, hardmax=False)
 
 Schemes (registry :data:`SCHEMES`)
 ----------------------------------
-``"euler"``  Algorithm 1 of the paper: explicit Euler step, then x <- x / |x|.
-``"rk4"``    Classical Runge-Kutta 4 on the field g(x) = v(x / |x|) (stages normalised), then x <- x / |x|.
-             Fourth order: g is a smooth extension of v off the sphere whose flow keeps |x| constant,
-             and the final renormalisation moves the point by O(dt^5).
+``"euler"``
+    Algorithm 1 of the paper: explicit Euler step, then x <- x / |x|.
+``"rk4"``
+    Classical Runge-Kutta 4 on the field g(x) = v(x / |x|) (stages normalised), then x <- x / |x|.
+    Fourth order: g is a smooth extension of v off the sphere whose flow keeps |x| constant, and the
+    final renormalisation moves the point by O(dt^5).
 
 Interaction rules (``ParticleResult.rule``), chosen from the model
 ------------------------------------------------------------------
-``"softmax"``      models with attributes ``B, V, beta`` (``Attention``), finite beta:
-                   dx_i/dt = P_{x_i}( V sum_j w_j e^{beta <x_i, B x_j>} x_j / sum_j w_j e^{beta <x_i, B x_j>} ).
-``"independent"``  ``ZeroTemperature``: Algorithm 2, each token moves alone with
-                   v_inf(x) = P_x(V B^T x) / |B^T x| (the beta = infinity limit *of the mean field*).
-``"hardmax"``      ``hardmax=True`` with a model having ``B`` and ``V`` (``Attention``, whose beta is then
-                   ignored, or ``ZeroTemperature``): the softmax over particles replaced by the hardmax,
-                   x_i attends only to argmax_j <x_i, B x_j>. This is Algorithm 1 with beta = infinity set
-                   formally; for finitely many tokens it is NOT Algorithm 2 and NOT the zero-temperature
-                   PDE (paper, Appendix C.1). Offered for comparison only.
-``"prescribed"``   ``Prescribed`` (and any local model): v = model.field(x, t).
+``"softmax"``
+    models with attributes ``B, V, beta`` (``Attention``), finite beta:
+    dx_i/dt = P_{x_i}( V sum_j w_j e^{beta <x_i, B x_j>} x_j / sum_j w_j e^{beta <x_i, B x_j>} ).
+``"independent"``
+    ``ZeroTemperature``: Algorithm 2, each token moves alone with v_inf(x) = P_x(V B^T x) / |B^T x|
+    (the beta = infinity limit *of the mean field*).
+``"hardmax"``
+    ``hardmax=True`` with a model having ``B`` and ``V`` (``Attention``, whose beta is then ignored, or
+    ``ZeroTemperature``): the softmax over particles replaced by the hardmax, x_i attends only to
+    argmax_j <x_i, B x_j>. This is Algorithm 1 with beta = infinity set formally; for finitely many
+    tokens it is NOT Algorithm 2 and NOT the zero-temperature PDE (paper, Appendix C.1). Offered for
+    comparison only.
+``"prescribed"``
+    ``Prescribed`` (and any local model): v = model.field(x, t).
 
 Conventions: score <x, B y>, value V y, A = V B^T (as everywhere in spherepde).
 """

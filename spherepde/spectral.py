@@ -300,6 +300,7 @@ def limit_measure(points, weights, B, V, spectral: SpectralData | None = None, p
     - k >= 2: the atoms Pi(x_i) with their masses, merged where equal (k = 2: a measure on the great
       circle E cap S^{d-1}; k = d: Pi is the identity, the input up to merging). Mass on E^perp has no
       canonical image and raises ``ValueError``.
+
     Assumption 1 is not enforced here (E is the top eigenspace of the symmetric part of A); call
     ``spectral_data(B, V).check()`` to enforce it.
     """
