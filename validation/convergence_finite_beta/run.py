@@ -133,7 +133,6 @@ def main(argv=None):
     rows = [row for bs, ns in plan for row in run(ns, bs, args.field_interval, args.tol)]
     lines = ["| case | beta | nside | steps | ||f_h - f_2h||_1 (rel.) | order L1 | Linf diff | order Linf | min f | mass drift | s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    verdicts = []
     for name in CASES:
         for beta in betas:
             rs = [r for r in rows if r["case"] == name and r["beta"] == beta]
@@ -149,10 +148,6 @@ def main(argv=None):
                 lines.append(f"| {name} (t = {r['t']}) | {beta:g} | {r['nside']} | {r['steps']} | {dl1} | {o1} | {dli} | "
                              f"{oinf} | {r['min']:.2e} | {r['mass_drift']:.1e} | {r['seconds']:.0f} |")
                 prev = r
-            last = rs[-1].get("order_L1")
-            verdicts.append(f"- {name}, beta {beta:g}: finest observed L1 order "
-                            f"{'n/a' if last is None else f'{last:.2f}'} -> "
-                            f"{'PASS' if last is not None and last >= 1.8 else 'FAIL'} (target >= 1.8)")
     wall = time.perf_counter() - t0
     text = "\n".join([
         "# Finite-beta self-convergence (validation/convergence_finite_beta)",
@@ -162,7 +157,7 @@ def main(argv=None):
         "",
         *lines,
         "",
-        *verdicts,
+        "The criteria, with the measured values, are in the section below (validation/criteria.py).",
         "",
         f"Wall time: {wall:.0f} s.",
         "",

@@ -178,7 +178,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     rows = run(nsides)
     tab, _ = table(rows)
-    ok, msgs = check(rows)
+    ok, _ = check(rows)
     wall = time.perf_counter() - t0
     text = "\n".join([
         "# Zero-temperature convergence (validation/convergence_zero_temperature)",
@@ -189,9 +189,7 @@ def main(argv=None):
         "",
         tab,
         "",
-        "Acceptance (second-order scheme: L1 and L2 orders >= 1.8 between the two finest grids, errors",
-        "decreasing monotonically):",
-        *msgs,
+        "The criteria, with the measured values, are in the section below (validation/criteria.py).",
         "",
         f"Wall time of this study: {wall:.0f} s.",
         "",
