@@ -309,13 +309,20 @@ def main(argv=None) -> int:
     # GNU OpenMP spin-waiting makes Numba's parallel regions 10x slower on a loaded machine (measured);
     # passive waiting costs nothing when idle. Effective before the first parallel launch only.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose, args.quiet)
+    return guarded(_COMMANDS[args.command], args)
+
+
+def guarded(call, *args) -> int:
+    """``call(*args)`` with the command line's manners: a known error is one logged line and exit status 2
+    (1 for a failed write), Ctrl-C says how to resume and exits 130; returns ``call``'s status otherwise.
+    Used by ``spherepde`` and by the default experiment (``make run``)."""
     from .config import ConfigError
     from .runner import RunnerError
 
-    args = build_parser().parse_args(argv)
-    _setup_logging(args.verbose, args.quiet)
     try:
-        return _COMMANDS[args.command](args)
+        return call(*args)
     except ConfigError as exc:
         log.error("invalid configuration: %s", exc)
         return 2

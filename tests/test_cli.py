@@ -80,6 +80,26 @@ def test_bad_config_exit_status_and_message(tmp_path, caplog):
     assert main(["-q", "run", str(tmp_path / "missing.toml")]) == 2
 
 
+def test_the_default_experiment_reports_bad_input_in_one_line(tmp_path, caplog):
+    # make run (python -m spherepde.experiments.default) raised tracebacks on a bad configuration and on an
+    # output directory that holds another configuration's run; it now has the CLI's manners
+    from spherepde.experiments import default
+
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(TINY.replace("nside = 2", "nside = 0"))
+    with caplog.at_level(logging.ERROR, logger="spherepde.cli"):
+        assert default.main(["--config", str(cfg), "--output", str(tmp_path / "o")]) == 2
+    assert len(caplog.records) == 1 and "grid.nside" in caplog.text
+    caplog.clear()
+    cfg.write_text(TINY)
+    assert main(["-q", "run", str(cfg), "--output", str(tmp_path / "o"), "--no-figures"]) == 0
+    other = tmp_path / "other.toml"
+    other.write_text(TINY.replace("t_end = 0.5", "t_end = 0.25"))
+    with caplog.at_level(logging.ERROR, logger="spherepde.cli"):
+        assert default.main(["--config", str(other), "--output", str(tmp_path / "o")]) == 2
+    assert len(caplog.records) == 1 and "different configuration" in caplog.text
+
+
 @pytest.mark.parametrize("change, key", [
     # issue #21 item 10 / the fuzz matrix: these passed --check and then the run raised a traceback
     (("type = \"zero_temperature\"", "type = \"attention\"\nbeta = 1e308"), "model.beta"),

@@ -54,6 +54,13 @@ FIGURES = {
 
 
 def main(argv=None) -> int:
+    """``make run``: errors are one line with a non-zero status, as in the ``spherepde`` command."""
+    from ..cli import guarded
+
+    return guarded(_main, argv)
+
+
+def _main(argv=None) -> int:
     from ..config import load_config
     from ..runner import run_experiment
 
