@@ -74,7 +74,10 @@ MAX_FRAMES = 1e6
 MAX_KAPPA = 1e10
 
 GRID_TYPES = ("healpix", "tensor")
-MODEL_TYPES = ("zero_temperature", "attention", "prescribed_rotation", "prescribed_linear")
+MODEL_TYPES = ("zero_temperature", "attention", "prescribed_rotation", "prescribed_linear", "feedforward",
+               "multihead", "sum", "layers")
+#: The activations of a feed-forward term (spherepde.models.terms.ACTIVATIONS).
+ACTIVATION_NAMES = ("relu", "gelu", "tanh", "sigmoid", "identity")
 INITIAL_TYPES = ("uniform", "vmf_mixture", "perturbed_uniform", "quadratic")
 INITIAL_SAMPLES = ("average", "center")
 ATTENTION_METHODS = ("auto", "direct", "pruned", "spectral")
@@ -184,6 +187,35 @@ def _check_invertible(sec, B, where, what):
                           f"this one has {cond:.3e}")
 
 
+def _number_rows(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(
+        isinstance(r, list) and r and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
+        for r in v)
+
+
+def _rect(sec, key, where, shape=None):
+    """A finite rectangular matrix (nested lists, rows), of ``shape`` when given; returned as lists."""
+    v = sec.get(key)
+    want = f"a {shape[0]} x {shape[1]} matrix" if shape else "a matrix"
+    allowed = f"{want} as nested lists of finite numbers (rows of equal length)"
+    if not _number_rows(v) or len({len(r) for r in v}) != 1:
+        raise ConfigError(f"{where}.{key}", v, allowed + (" (required)" if v is None else ""))
+    a = np.array(v, dtype=float)
+    if not np.all(np.isfinite(a)) or (shape is not None and a.shape != tuple(shape)):
+        raise ConfigError(f"{where}.{key}", v, allowed)
+    return a.tolist()
+
+
+def _vec(sec, key, where, n):
+    """A finite vector of length n; returned as a list."""
+    v = sec.get(key)
+    ok = isinstance(v, list) and len(v) == n and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                    for x in v)
+    if not ok or not all(math.isfinite(float(x)) for x in v):
+        raise ConfigError(f"{where}.{key}", v, f"a list of {n} finite numbers" + (" (required)" if v is None else ""))
+    return [float(x) for x in v]
+
+
 def _vector_list(sec, key, where, d=None, required=True):
     """A list of vectors (nested list) or one vector."""
     if key not in sec:
@@ -278,17 +310,96 @@ class ModelConfig:
     axis: list | None = None
     omega: float | None = None
     M: list | None = None
+    W1: list | None = None
+    b1: list | None = None
+    W2: list | None = None
+    b2: list | None = None
+    activation: str | None = None
+    heads: tuple | None = None  # multihead: ModelConfig of type attention, one per head
+    weights: list | None = None  # multihead: the head weights (default 1 / H)
+    terms: tuple | None = None  # sum: ModelConfig, one per term
+    layers: tuple | None = None  # layers: (t_start, ModelConfig) pairs
 
     @property
     def dim(self) -> int:
         if self.type == "prescribed_rotation":
             return 3
+        if self.type == "feedforward":
+            return len(self.W2)
+        if self.type in ("multihead", "sum"):
+            return (self.heads or self.terms)[0].dim
+        if self.type == "layers":
+            return self.layers[0][1].dim
         return len(self.M if self.type == "prescribed_linear" else self.B)
 
+    def to_dict(self) -> dict:
+        """The section as plain data (nested models as tables, None left out): what TOML writes."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is None:
+                continue
+            if f.name in ("heads", "terms"):
+                v = [m.to_dict() for m in v]
+            elif f.name == "layers":
+                v = [{"t_start": t, **m.to_dict()} for t, m in v]
+            elif isinstance(v, tuple):
+                v = list(v)
+            out[f.name] = v
+        return out
+
     @classmethod
-    def parse(cls, sec: dict) -> "ModelConfig":
-        w = "model"
+    def parse(cls, sec: dict, w: str = "model") -> "ModelConfig":
+        if not isinstance(sec, dict):
+            raise ConfigError(w, sec, "a table of the model's keys (type = ..., ...)")
         t = _str(sec, "type", w, MODEL_TYPES)
+        if t == "feedforward":
+            _check_keys(sec, ("type", "W1", "b1", "W2", "b2", "activation"), w)
+            W1 = _rect(sec, "W1", w)
+            m, d = len(W1), len(W1[0])
+            W2 = _rect(sec, "W2", w, shape=(d, m))
+            b1 = _vec(sec, "b1", w, m)
+            b2 = _vec(sec, "b2", w, d)
+            act = _str(sec, "activation", w, ACTIVATION_NAMES, default="relu")
+            return cls(t, W1=W1, b1=b1, W2=W2, b2=b2, activation=act)
+        if t in ("multihead", "sum"):
+            key = "heads" if t == "multihead" else "terms"
+            _check_keys(sec, ("type", key) + (("weights",) if t == "multihead" else ()), w)
+            items = sec.get(key)
+            if not isinstance(items, list) or not items:
+                raise ConfigError(f"{w}.{key}", items, f"a non-empty list of model tables ([[{w}.{key}]])")
+            parts = tuple(cls.parse(x, f"{w}.{key}[{i}]") for i, x in enumerate(items))
+            if t == "multihead":
+                bad = [i for i, p in enumerate(parts) if p.type != "attention" or p.beta == math.inf]
+                if bad:
+                    raise ConfigError(f"{w}.heads[{bad[0]}].type", items[bad[0]].get("type"),
+                                      "'attention' with a finite beta (every head is an attention head)")
+            dims = {p.dim for p in parts}
+            if len(dims) != 1:
+                raise ConfigError(f"{w}.{key}", f"dimensions {sorted(dims)}", "parts of one dimension d")
+            weights = None
+            if t == "multihead" and "weights" in sec:
+                weights = _vec(sec, "weights", w, len(parts))
+            return cls(t, heads=parts, weights=weights) if t == "multihead" else cls(t, terms=parts)
+        if t == "layers":
+            _check_keys(sec, ("type", "layers"), w)
+            items = sec.get("layers")
+            if not isinstance(items, list) or not items or not all(isinstance(x, dict) for x in items):
+                raise ConfigError(f"{w}.layers", items, "a non-empty list of tables [[model.layers]] with "
+                                  "t_start and the keys of a model")
+            layers = []
+            for i, x in enumerate(items):
+                wi = f"{w}.layers[{i}]"
+                t0 = _float(x, "t_start", wi, lo=0.0, required=True)
+                if x.get("type") == "layers":
+                    raise ConfigError(f"{wi}.type", "layers", "a model other than layers (no nesting)")
+                layers.append((t0, cls.parse({k: v for k, v in x.items() if k != "t_start"}, wi)))
+            starts = [t0 for t0, _ in layers]
+            if starts[0] != 0.0 or any(b <= a for a, b in zip(starts, starts[1:])):
+                raise ConfigError(f"{w}.layers", starts, "t_start values strictly increasing from 0")
+            if len({m.dim for _, m in layers}) != 1:
+                raise ConfigError(f"{w}.layers", "mixed dimensions", "layers of one dimension d")
+            return cls(t, layers=tuple(layers))
         if t in ("zero_temperature", "attention"):
             keys = ("type", "B", "V") + (("beta", "tol", "method") if t == "attention" else ())
             _check_keys(sec, keys, w)
@@ -317,6 +428,17 @@ class ModelConfig:
         return cls(t, M=_matrix(sec, "M", w))
 
     def build(self):
+        from .models import terms as _terms
+
+        if self.type == "feedforward":
+            return _terms.FeedForward(np.array(self.W1), np.array(self.b1), np.array(self.W2), np.array(self.b2),
+                                      self.activation)
+        if self.type == "multihead":
+            return _terms.MultiHead([h.build() for h in self.heads], weights=self.weights)
+        if self.type == "sum":
+            return _terms.Sum([m.build() for m in self.terms])
+        if self.type == "layers":
+            return _terms.Layers([(t0, m.build()) for t0, m in self.layers])
         if self.type == "zero_temperature":
             from .models import ZeroTemperature
 
@@ -777,7 +899,8 @@ class ExperimentConfig:
         for s in SECTIONS:
             obj = getattr(self, s)
             if obj is not None:
-                d[s] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(obj).items() if v is not None}
+                d[s] = obj.to_dict() if hasattr(obj, "to_dict") else \
+                    {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(obj).items() if v is not None}
         return d
 
     def to_json(self) -> str:
@@ -876,6 +999,8 @@ def _toml_value(v) -> str:
         return json.dumps(v)  # a JSON string is a valid TOML basic string
     if isinstance(v, (list, tuple, np.ndarray)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # an inline table (the parts of a composite model)
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 

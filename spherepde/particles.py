@@ -32,6 +32,10 @@ Interaction rules (``ParticleResult.rule``), chosen from the model
     comparison only.
 ``"prescribed"``
     ``Prescribed`` (and any local model): v = model.field(x, t).
+``"sum"``
+    A model built from terms (``Sum``, ``MultiHead``, ``Layers``; :mod:`spherepde.models.terms`): its
+    local fields plus sum_h w_h v_h over its attention heads, each head by the softmax rule; with layers,
+    every step ends on a layer start and uses the layer in force at its start.
 
 Conventions: score <x, B y>, value V y, A = V B^T (as everywhere in spherepde).
 """
@@ -45,6 +49,7 @@ import numpy as np
 
 from ._checks import as_points, finite_float, real_array
 from .kernels.particles import hardmax_mean, launch, softmax_mean
+from .models import terms as _terms
 from .models.base import Model, tangent_project
 from .models.zero_temperature import ZeroTemperature
 from .steppers import StepController
@@ -74,7 +79,8 @@ class ParticleResult:
     method : str
         Time scheme (``"euler"`` = Algorithm 1, ``"rk4"``).
     rule : str
-        Interaction rule: ``"softmax"``, ``"hardmax"``, ``"independent"`` (Algorithm 2) or ``"prescribed"``.
+        Interaction rule: ``"softmax"``, ``"hardmax"``, ``"independent"`` (Algorithm 2), ``"prescribed"`` or
+        ``"sum"`` (a model built from terms).
     dt : float
         Nominal time step (steps are shortened to land exactly on saved times and t_end).
     n_steps : int
@@ -121,7 +127,16 @@ class ParticleResult:
 # velocity
 
 
+def _composite(model) -> bool:
+    return isinstance(model, (_terms.Sum, _terms.MultiHead, _terms.Layers))
+
+
 def _rule(model, hardmax: bool) -> str:
+    if _composite(model):
+        if hardmax:
+            raise ValueError(f"hardmax=True needs a single Attention or ZeroTemperature model, got "
+                             f"{_terms.describe(model)}")
+        return "sum"
     if hardmax:
         if not (hasattr(model, "B") and hasattr(model, "V")):
             raise ValueError(
@@ -147,8 +162,47 @@ def _rule(model, hardmax: bool) -> str:
     )
 
 
+def _sum_velocity_fn(model, weights):
+    """x, t -> v of a resolved composite model: its local fields plus sum_h w_h v_h over its heads (each
+    head by its own rule: the softmax over the tokens)."""
+    local, heads = _terms.decompose(model)
+    fns = [(w, _velocity_fn(h, _rule(h, False), weights)) for w, h in heads]
+
+    def v_sum(x, t):
+        out = np.zeros_like(x)
+        for m in local:
+            out += np.asarray(m.field(x, t), float)
+        for w, fn in fns:
+            out += w * fn(x, t)
+        return out
+
+    return v_sum
+
+
+class _LayeredVelocity:
+    """The right-hand side of a model with layer-wise weights: ``at(t)`` is the one of the layer in force on
+    the step that starts at t (a step never crosses a boundary, so its stages all use that layer)."""
+
+    def __init__(self, model, weights):
+        self.bounds = _terms.boundaries(model)
+        starts = (0.0,) + self.bounds
+        self._fns = [_sum_velocity_fn(_terms.resolve(model, t), weights) for t in starts]
+
+    def index(self, t: float) -> int:
+        return int(np.searchsorted(self.bounds, t, side="right"))
+
+    def at(self, t: float):
+        return self._fns[self.index(t)]
+
+    def __call__(self, x, t):
+        return self.at(t)(x, t)
+
+
 def _velocity_fn(model, rule: str, weights: np.ndarray) -> Callable[[np.ndarray, float], np.ndarray]:
     """The right-hand side x (n, d), t -> v (n, d) for one rule (weights fixed for the run)."""
+    if rule == "sum":
+        return _LayeredVelocity(model, weights) if _terms.boundaries(model) else \
+            _sum_velocity_fn(_terms.resolve(model, 0.0), weights)
     if rule == "independent":
         return lambda x, t: model.velocity(x)
     if rule == "prescribed":
@@ -312,8 +366,9 @@ def _check_x0(x0, d: int) -> np.ndarray:
 MAX_FIXED_STEPS = 1e8
 
 
-def _time_knots(t_end: float, dt: float, save_at):
-    """Step end points: the uniform grid k dt, the save times and t_end, merged within 1e-9 dt."""
+def _time_knots(t_end: float, dt: float, save_at, extra=()):
+    """Step end points: the uniform grid k dt, the save times, t_end and the ``extra`` times in (0, t_end)
+    (layer boundaries), merged within 1e-9 dt."""
     tol_merge = 1e-9 * (min(dt, t_end) if t_end > 0 else dt)
     if isinstance(save_at, str):
         if save_at != "all":
@@ -335,7 +390,8 @@ def _time_knots(t_end: float, dt: float, save_at):
         save = np.clip(save, 0.0, t_end)
     n_uniform = max(1, int(np.ceil(t_end / dt - 1e-9))) if t_end > 0 else 0  # dt > t_end: one step
     grid = np.minimum(np.arange(n_uniform + 1) * dt, t_end)
-    pts = np.concatenate([grid, [t_end], save if save is not None else []])
+    inner = [b for b in extra if 0.0 < b < t_end]
+    pts = np.concatenate([grid, [t_end], save if save is not None else [], inner])
     pts.sort()
     knots = [pts[0]]
     for p in pts[1:]:
@@ -445,7 +501,7 @@ def simulate_particles(
         if t_end / dt > MAX_FIXED_STEPS:
             raise ValueError(f"t_end / dt = {t_end / dt:.3g} fixed steps (t_end = {t_end:g}, dt = {dt:g}) exceed "
                              f"{MAX_FIXED_STEPS:.0e}: raise dt, shorten t_end, or use adaptive steps (rtol=...)")
-        knots, save_idx = _time_knots(t_end, dt, save_at)
+        knots, save_idx = _time_knots(t_end, dt, save_at, getattr(v, "bounds", ()))
     else:  # adaptive: the knots are only the save times (and t_end), the steps come from the controller
         if isinstance(save_at, str) and save_at == "all":
             raise ValueError('save_at="all" needs fixed steps (rtol=None): adaptive steps are not known up front')
@@ -463,9 +519,17 @@ def simulate_particles(
         out[n_out] = x
         n_out += 1
     h_prop, kk = dt, 0  # the controller's proposal; the index of the fixed-step knot reached
+    layered = isinstance(v, _LayeredVelocity)
+    v_all, layer = v, None
     while t < t_end:
-        if knots is None:  # adaptive: up to the next save time (or t_end)
+        if layered:  # the step's layer; a new layer invalidates the last step's final stage (FSAL)
+            if v_all.index(t) != layer:
+                layer, k1 = v_all.index(t), None
+            v = v_all.at(t)
+        if knots is None:  # adaptive: up to the next save time (or t_end), and the next layer boundary
             target = save_times[n_out] if n_out < save_times.size else t_end
+            if layered:
+                target = min(target, _terms.next_boundary(model, t, v_all.bounds))
             h_free = min(h_prop, dt)
             h = min(h_free, target - t)
         else:

@@ -28,6 +28,7 @@ import numpy as np
 
 from ._checks import finite_float, positive_int, real_array
 from .kernels import fv
+from .models import terms as _terms
 from .steppers import STEPPERS, SSPStepper, StepController, register_stepper
 
 __all__ = ["Options", "Result", "Solver", "solve", "STEPPERS", "SSPStepper", "register_stepper", "SCHEMES", "LIMITERS"]
@@ -214,12 +215,14 @@ class Solver:
             raise ValueError(f"model.dim ({getattr(model, 'dim', None)}) must equal grid.dim ({grid.dim})")
         self.grid = grid
         self.model = model
+        self._bounds = _terms.boundaries(model)  # layer starts: every step ends on them
+        self._active_key = None  # the layer interval whose resolved model is self._active
+        self._steady_cache = {}  # (interval, "all" | "local") -> moments or weights of steady local fields
         if hasattr(model, "set_state"):  # a clean history: a model reused from another run gives the same bits
             model.set_state({})
         self.t = finite_float(t0, "t0")
         self.f = _initial_density(grid, f0)
         self.n_steps = 0
-        self._steady_mom = None
         self._padding = None  # (cell, slot) index arrays of the padding slots of cell_faces
         self._rates_of = None  # the moment set whose rates are in self._last_rates
         self._history: list[tuple[float, np.ndarray]] = []  # (t, face weights a) for field_interval
@@ -247,39 +250,88 @@ class Solver:
         self._field_step = 0  # n_steps at the last field recomputation
         self._field_err = 0.0  # measured extrapolation error at the recomputation of this step
         self._blocks = None  # (block index per cell, number of blocks) of the error norm
+        self._vtw = {}  # id(head) -> face normals times V of that head (the fused weights kernel)
+        self._activate(self.t)
         self._mom = self._state_moments()  # moments of the current state, reused by step()
         self._record()
+
+    # ------------------------------------------------------------------ the model in force
+    def _activate(self, t: float, reset: bool = True):
+        """Resolve the model on the layer interval that starts at t (:func:`spherepde.models.terms.resolve`)
+        into its local terms and attention heads. Entering a new layer drops the extrapolation history of
+        the field (``field_interval``): the weights jumped."""
+        key = int(np.searchsorted(self._bounds, t, side="right")) if self._bounds else 0
+        if key == self._active_key:
+            return
+        if self._active_key is not None and reset:
+            self._history = []
+            self._field_curv = np.inf
+        self._active_key = key
+        self._active = _terms.resolve(self.model, t)
+        self._local_terms, self._heads = _terms.decompose(self._active)
 
     # ------------------------------------------------------------------ velocity -> moments
     def _normal_weights(self, v_points: np.ndarray) -> np.ndarray:
         return np.einsum("fgk,fgk->fg", v_points, self.grid.face_normals)
 
-    def _face_velocity(self, t: float, f: np.ndarray) -> np.ndarray:
-        """Velocity of a local model at the face Gauss points, (F, G, d)."""
+    def _face_velocity(self, t: float, f: np.ndarray, terms=None) -> np.ndarray:
+        """Velocity of the local model in force (or of the local ``terms``) at the face Gauss points,
+        (F, G, d)."""
         grid = self.grid
         F, G, d = grid.face_points.shape
-        v = self.model.field(grid.face_points.reshape(-1, d), t)
+        pts = grid.face_points.reshape(-1, d)
+        if terms is None:
+            v = self._active.field(pts, t)
+        else:
+            v = sum(np.asarray(m.field(pts, t), float) for m in terms)
         return np.asarray(v, float).reshape(F, G, d)
 
-    def _nonlocal_weights_now(self, f: np.ndarray, fused: bool = True) -> np.ndarray:
-        """Normal-velocity weights a (F, G) of a nonlocal model for the density f.
+    def _local_weights(self, t: float, f: np.ndarray):
+        """Normal-velocity weights (F, G) of the local terms of a nonlocal model (None if it has none);
+        the steady ones are evaluated once per layer."""
+        steady = [m for m in self._local_terms if getattr(m, "steady", False)]
+        moving = [m for m in self._local_terms if not getattr(m, "steady", False)]
+        a = None
+        if steady:
+            key = (self._active_key, "local")
+            if key not in self._steady_cache:
+                self._steady_cache[key] = self._normal_weights(self._face_velocity(t, f, steady))
+            a = self._steady_cache[key]
+        if moving:
+            am = self._normal_weights(self._face_velocity(t, f, moving))
+            a = am if a is None else a + am
+        return a
+
+    def _nonlocal_weights_now(self, f: np.ndarray, fused: bool = True, t: float | None = None) -> np.ndarray:
+        """Normal-velocity weights a (F, G) of the model in force for the density f: its local terms plus
+        sum_h w_h a_h over its attention heads (:func:`spherepde.models.terms.decompose`)."""
+        t = self.t if t is None else t
+        a = self._local_weights(t, f)
+        for w, head in self._heads:
+            ah = self._head_weights(head, f, fused)
+            a = w * ah if a is None else a + w * ah
+        return a
+
+    def _head_weights(self, model, f: np.ndarray, fused: bool = True) -> np.ndarray:
+        """Normal-velocity weights a (F, G) of one nonlocal (attention-type) term for the density f.
 
         The mean m is evaluated at the cell centres and interpolated to the Gauss points with
         least-squares gradients (second order). For fields of the attention form v = P_x(V m) the
         weights come from one fused kernel (a = m . V^T W); other models go through
         ``velocity_from_mean``.
         """
-        grid, model = self.grid, self.model
+        grid = self.grid
         F, G, d = grid.face_points.shape
-        m = self._grid_mean_field(f)
+        m = self._grid_mean_field(f, model)
         grad = np.empty((grid.n_cells, d, d))
         fv.vector_gradient(m, grid.stencil, grid.stencil_coef, grad)
         if fused and hasattr(model, "V"):
-            if getattr(self, "_vtw", None) is None:
-                self._vtw = np.ascontiguousarray(grid.face_normals @ np.asarray(model.V, float))
+            vtw = self._vtw.get(id(model))
+            if vtw is None:
+                vtw = self._vtw[id(model)] = np.ascontiguousarray(grid.face_normals @ np.asarray(model.V, float))
             a = np.empty((F, G))
             fv.attention_normal_weights(m, grad, grid.xbar, grid.owner, grid.neighbour, grid.face_points,
-                                        self._vtw, a)
+                                        vtw, a)
             return a
         mg = np.empty((F, G, d))
         fv.interpolate_to_faces(m, grad, grid.xbar, grid.owner, grid.neighbour, grid.face_points, mg)
@@ -294,12 +346,12 @@ class Solver:
         extrapolating the field). The extrapolation is left to the moment kernel, which does it on the fly
         (no temporary array). When the field is recomputed is :meth:`_field_due`'s decision."""
         if self.options.field_interval is None:
-            return self._nonlocal_weights_now(f), None, 0.0
+            return self._nonlocal_weights_now(f, t=t), None, 0.0
         at_start = t == self.t and f is self.f
         if at_start and (not self._history or self._history[-1][0] != t) and self._field_due(t):
-            self._push_field(t, self._nonlocal_weights_now(f), f)
+            self._push_field(t, self._nonlocal_weights_now(f, t=t), f)
         elif not at_start and self.options.error_control and not np.isfinite(self._field_curv):
-            return self._nonlocal_weights_now(f), None, 0.0  # no error estimate yet: the exact field
+            return self._nonlocal_weights_now(f, t=t), None, 0.0  # no error estimate yet: the exact field
         tn, an = self._history[-1]
         if len(self._history) == 1 or t == tn:
             return an, None, 0.0
@@ -348,16 +400,17 @@ class Solver:
             self._field_err = self._field_curv * (t - tn) * (t - tp)  # = |a - extrapolation(t)| / |a|
         self._history = (self._history + [(t, a)])[-2:]
 
-    def _grid_mean_field(self, f: np.ndarray) -> np.ndarray:
+    def _grid_mean_field(self, f: np.ndarray, model=None) -> np.ndarray:
         """The attention mean at the cell centres for the grid density f (midpoint rule over cells).
 
         On a uniform circle grid with B a rotation times a scale the sum is a circular convolution:
         the FFT path of :mod:`spherepde.kernels.circle` is used, with its run-time error bound (it falls
         back to the direct sum where the bound exceeds the model's tolerance).
         """
-        grid, model = self.grid, self.model
+        grid = self.grid
+        model = self._heads[0][1] if model is None else model
         w = f * grid.areas
-        if self._circle_phi0 is not None:
+        if self._circle_phi0 is not None and hasattr(model, "B"):
             from .kernels.circle import circle_mean_field, rotation_scale
 
             if rotation_scale(model.B) is not None:
@@ -365,11 +418,13 @@ class Solver:
         return model.mean_field(grid.centers, grid.centers, w)
 
     def _moments(self, t: float, f: np.ndarray) -> np.ndarray:
-        if self.model.local and self.model.steady:
-            if self._steady_mom is None:
-                self._steady_mom = self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
-            return self._steady_mom
-        if self.model.local:
+        active = self._active
+        if active.local and active.steady:
+            key = (self._active_key, "all")
+            if key not in self._steady_cache:
+                self._steady_cache[key] = self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
+            return self._steady_cache[key]
+        if active.local:
             return self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
         return self._compute_moments(*self._extrapolated_weights(t, f))
 
@@ -438,12 +493,13 @@ class Solver:
         d["max"].append(hi)
         d["sup_div"].append(sup_div)
 
-    def step(self, dt_max: float = np.inf) -> float:
+    def step(self, dt_max: float = np.inf, t_land: float | None = None) -> float:
         """Advance one accepted step; returns its size.
 
         The step is min(CFL step, ``max_dt``, ``dt_max``, the error controller's proposal); attempts whose
         estimated error ratio exceeds 1 (or whose later stages exceed Courant number 1) are rejected and
-        retried smaller. Every accepted step is an SSP step within the CFL limit: positive, mass exact."""
+        retried smaller. Every accepted step is an SSP step within the CFL limit: positive, mass exact.
+        ``t_land``: the time a step of size ``dt_max`` ends at exactly (a save time, a layer start)."""
         opt, st = self.options, self._stepper
         mom = self._mom
         rate, _ = self._rates(mom)
@@ -487,7 +543,7 @@ class Solver:
             d[k].append(float(v))
         self._field_err = 0.0
         self.f = f_new
-        self.t = self.t + dt
+        self.t = t_land if (t_land is not None and dt == dt_max) else self.t + dt
         self.n_steps += 1
         self._mom = self._state_moments()
         self._record()
@@ -498,6 +554,7 @@ class Solver:
         was just before: the checkpoint stores that, so that a resume recomputes these moments with the
         same history, gets the same bits, and leaves the model where the uninterrupted run left it."""
         self._model_before = dict(getattr(self.model, "get_state", dict)())
+        self._activate(self.t)
         return self._moments(self.t, self.f)
 
     def _error_ratio(self, vals, dt: float) -> float:
@@ -581,7 +638,8 @@ class Solver:
         while self.t < t_target:
             if self.n_steps >= self.options.max_steps:
                 raise RuntimeError(f"max_steps = {self.options.max_steps} reached at t = {self.t}")
-            self.step(dt_max=t_target - self.t)
+            land = min(t_target, _terms.next_boundary(self.model, self.t, self._bounds))
+            self.step(dt_max=land - self.t, t_land=land)
             if t_target - self.t <= 1e-13 * max(1.0, abs(t_target)):
                 self.t = t_target
                 self.diag["time"][-1] = t_target
@@ -651,6 +709,7 @@ class Solver:
         self._field_err = float(ctl.get("field_err", 0.0))
         if hasattr(self.model, "set_state"):  # a duck-typed model may have no state
             self.model.set_state({k[6:]: v for k, v in ctl.items() if k.startswith("model.")})
+        self._activate(self.t, reset=False)  # the restored history belongs to the layer in force at t
         self._mom = self._state_moments()  # as the uninterrupted run computed them (see _state_moments)
 
 

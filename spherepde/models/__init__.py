@@ -2,6 +2,8 @@
 from .attention import Attention
 from .base import Model, tangent_project
 from .prescribed import Prescribed
+from .terms import FeedForward, Layers, MultiHead, Sum
 from .zero_temperature import ZeroTemperature
 
-__all__ = ["Attention", "Model", "Prescribed", "ZeroTemperature", "tangent_project"]
+__all__ = ["Attention", "FeedForward", "Layers", "Model", "MultiHead", "Prescribed", "Sum", "ZeroTemperature",
+           "tangent_project"]

@@ -31,6 +31,14 @@ class Model:
         """Velocity at ``points`` (n, d) at time ``t`` for the grid density ``density``."""
         raise NotImplementedError
 
+    def __add__(self, other):
+        """``model + term``: a :class:`~spherepde.models.terms.Sum` (the velocities add)."""
+        from .terms import Sum
+
+        if not isinstance(other, Model):
+            return NotImplemented
+        return Sum([self, other])
+
     def speed_bound(self) -> float:
         """An upper bound of |v| on the sphere, for any density and time (``inf`` if unknown)."""
         return np.inf
