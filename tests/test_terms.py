@@ -153,7 +153,7 @@ def test_the_transformer_example_pde_against_tokens():
     # empirical measure approaches the PDE density as n grows. The PDE's own resolution error is far below
     # the token W2 (nside 16 against 32: 0.006 for this model at T = 1, measured), so the decrease is the
     # sampling error, expected ~ n^-1/2 on S^2 up to a log factor; measured slope -0.41 (250 -> 1000 tokens)
-    # for the block alone and -0.45 here; -0.25 leaves room for one seed's fluctuation.
+    # for the block alone and -0.46 here (W2 0.165 -> 0.088); -0.25 leaves room for one seed's fluctuation.
     from spherepde.config import load_config
     from spherepde.runner import example_path
 
