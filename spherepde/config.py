@@ -75,7 +75,7 @@ MAX_KAPPA = 1e10
 
 GRID_TYPES = ("healpix", "tensor")
 MODEL_TYPES = ("zero_temperature", "attention", "prescribed_rotation", "prescribed_linear", "feedforward",
-               "multihead", "sum", "layers")
+               "multihead", "sum", "layers", "noise")
 #: The activations of a feed-forward term (spherepde.models.terms.ACTIVATIONS).
 ACTIVATION_NAMES = ("relu", "gelu", "tanh", "sigmoid", "identity")
 INITIAL_TYPES = ("uniform", "vmf_mixture", "perturbed_uniform", "quadratic")
@@ -319,6 +319,8 @@ class ModelConfig:
     weights: list | None = None  # multihead: the head weights (default 1 / H)
     terms: tuple | None = None  # sum: ModelConfig, one per term
     layers: tuple | None = None  # layers: (t_start, ModelConfig) pairs
+    sigma: float | None = None  # noise
+    d: int | None = None  # noise on its own: d of S^(d-1) (in a sum it takes the other terms' d)
 
     @property
     def dim(self) -> int:
@@ -326,6 +328,11 @@ class ModelConfig:
             return 3
         if self.type == "feedforward":
             return len(self.W2)
+        if self.type == "noise":
+            return self.d or 3
+        if self.type == "sum":
+            dims = [m.dim for m in self.terms if m.type != "noise"]
+            return dims[0] if dims else self.terms[0].dim
         if self.type in ("multihead", "sum"):
             return (self.heads or self.terms)[0].dim
         if self.type == "layers":
@@ -353,6 +360,10 @@ class ModelConfig:
         if not isinstance(sec, dict):
             raise ConfigError(w, sec, "a table of the model's keys (type = ..., ...)")
         t = _str(sec, "type", w, MODEL_TYPES)
+        if t == "noise":
+            _check_keys(sec, ("type", "sigma", "d"), w)
+            return cls(t, sigma=_float(sec, "sigma", w, lo=0.0, required=True),
+                       d=_int(sec, "d", w, default=None, minimum=2))
         if t == "feedforward":
             _check_keys(sec, ("type", "W1", "b1", "W2", "b2", "activation"), w)
             W1 = _rect(sec, "W1", w)
@@ -374,7 +385,7 @@ class ModelConfig:
                 if bad:
                     raise ConfigError(f"{w}.heads[{bad[0]}].type", items[bad[0]].get("type"),
                                       "'attention' with a finite beta (every head is an attention head)")
-            dims = {p.dim for p in parts}
+            dims = {p.dim for p in parts if p.type != "noise"} or {parts[0].dim}
             if len(dims) != 1:
                 raise ConfigError(f"{w}.{key}", f"dimensions {sorted(dims)}", "parts of one dimension d")
             weights = None
@@ -430,6 +441,8 @@ class ModelConfig:
     def build(self):
         from .models import terms as _terms
 
+        if self.type == "noise":
+            return _terms.Noise(self.sigma, self.d or 3)
         if self.type == "feedforward":
             return _terms.FeedForward(np.array(self.W1), np.array(self.b1), np.array(self.W2), np.array(self.b2),
                                       self.activation)

@@ -128,7 +128,7 @@ class ParticleResult:
 
 
 def _composite(model) -> bool:
-    return isinstance(model, (_terms.Sum, _terms.MultiHead, _terms.Layers))
+    return isinstance(model, (_terms.Sum, _terms.MultiHead, _terms.Layers, _terms.Noise))
 
 
 def _rule(model, hardmax: bool) -> str:
@@ -232,6 +232,38 @@ def _velocity_fn(model, rule: str, weights: np.ndarray) -> Callable[[np.ndarray,
         return tangent_project(x, mean @ V.T)
 
     return v_hard
+
+
+def _simulate_noisy(model, v, x, w, t_end, dt, save_at, seed, rule) -> ParticleResult:
+    """Projected Euler-Maruyama (see :func:`simulate_particles`'s ``seed``), fixed steps, layers landed on."""
+    rng = np.random.default_rng(seed)
+    bounds = _terms.boundaries(model)
+    knots, save_idx = _time_knots(t_end, dt, save_at, bounds)
+    d = x.shape[1]
+    out = np.empty((save_idx.size, x.shape[0], d))
+    save_at_knot = {int(k): i for i, k in enumerate(save_idx)}
+    if 0 in save_at_knot:
+        out[save_at_knot[0]] = x
+    log.info("simulate_particles: n=%d d=%d rule=%s Euler-Maruyama steps=%d", x.shape[0], d, rule, knots.size - 1)
+    for k in range(knots.size - 1):
+        t, h = float(knots[k]), float(knots[k + 1] - knots[k])
+        vk = v.at(t) if isinstance(v, _LayeredVelocity) else v
+        sigma = float(np.sqrt(2.0 * _terms.noise_diffusivity(_terms.resolve(model, t))))
+        y = x + h * vk(x, t)
+        if sigma > 0:
+            xi = rng.standard_normal(x.shape)
+            y += sigma * np.sqrt(h) * tangent_project(x, xi)
+        x = _normalise(y)
+        if k + 1 in save_at_knot:
+            out[save_at_knot[k + 1]] = x
+    if not np.all(np.isfinite(out)):
+        raise FloatingPointError("particle positions became non-finite; reduce dt or check the model")
+    steps = np.diff(knots)
+    diagnostics = {"time": knots[1:].astype(float), "dt": steps.astype(float), "error": np.zeros(steps.size),
+                   "rejected": np.zeros(steps.size)}
+    return ParticleResult(times=knots[save_idx].copy(), positions=out, weights=w, model=model,
+                          method="euler-maruyama", rule=rule, dt=float(dt), n_steps=int(steps.size),
+                          diagnostics=diagnostics, rtol=None)
 
 
 def particle_velocity(model, x, t: float = 0.0, weights=None, hardmax: bool = False) -> np.ndarray:
@@ -420,6 +452,7 @@ def simulate_particles(
     weights=None,
     rtol: float | None = None,
     atol: float = 1e-10,
+    seed=None,
 ) -> ParticleResult:
     r"""Integrate n tokens on S^(d-1) under ``model``.
 
@@ -454,6 +487,12 @@ def simulate_particles(
         unit step, as the PDE solver's; see :mod:`spherepde.steppers`).
     atol : float >= 0, default 1e-10
         Absolute floor of the per-token error per step (positions on the unit sphere).
+    seed : int or numpy Generator, optional
+        The random stream of a model with a ``Noise`` term: Brownian increments by the projected
+        Euler-Maruyama scheme x <- (x + dt v(x) + sigma sqrt(dt) P_x xi) / |...|, xi ~ N(0, I_d) (weak
+        order 1; the renormalisation supplies the drift -(d - 1) sigma^2 / 2 x of Brownian motion on the
+        sphere). Such a model needs ``method="euler"`` and fixed steps (``rtol=None``); the same seed gives
+        the same run.
 
     Returns
     -------
@@ -495,6 +534,13 @@ def simulate_particles(
     w = _check_weights(weights, x.shape[0])
     rule = _rule(model, bool(hardmax))
     v = _velocity_fn(model, rule, w)
+    if rule == "sum" and _terms.has_noise(model):
+        if method != "euler":
+            raise ValueError(f"a model with Noise needs method='euler' (Euler-Maruyama), got method={method!r}")
+        if rtol is not None:
+            raise ValueError("a model with Noise needs fixed steps (rtol=None): the error estimate of the "
+                             "deterministic schemes does not measure the noise")
+        return _simulate_noisy(model, v, x, w, t_end, dt, save_at, seed, rule)
     step, error, _, q = SCHEMES[method]
     controller = StepController(1.0 / q)  # the PDE solver's step-size rule
     if rtol is None:

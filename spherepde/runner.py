@@ -352,7 +352,7 @@ def particle_overlay(result, cfg: ExperimentConfig) -> dict:
     pc = cfg.particles
     x0 = sample_grid_density(result.grid, result.density[0], pc.n, rng=pc.seed)
     pr = simulate_particles(result.model, x0, cfg.time.t_end, pc.dt, save_at=np.asarray(result.times),
-                            method=pc.method, hardmax=pc.hardmax)
+                            method=pc.method, hardmax=pc.hardmax, seed=[pc.seed, 1])  # noise: its own stream
     return {"times": pr.times, "positions": pr.positions, "weights": pr.weights}
 
 

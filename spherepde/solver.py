@@ -251,6 +251,8 @@ class Solver:
         self._field_err = 0.0  # measured extrapolation error at the recomputation of this step
         self._blocks = None  # (block index per cell, number of blocks) of the error norm
         self._vtw = {}  # id(head) -> face normals times V of that head (the fused weights kernel)
+        self._diffusion = None  # spherepde.diffusion.DiffusionOperators of the grid, built on first use
+        self._blend_warned = False
         self._activate(self.t)
         self._mom = self._state_moments()  # moments of the current state, reused by step()
         self._record()
@@ -269,6 +271,7 @@ class Solver:
         self._active_key = key
         self._active = _terms.resolve(self.model, t)
         self._local_terms, self._heads = _terms.decompose(self._active)
+        self._diffusivity = _terms.noise_diffusivity(self._active)  # sigma^2 / 2 of the noise in force
 
     # ------------------------------------------------------------------ velocity -> moments
     def _normal_weights(self, v_points: np.ndarray) -> np.ndarray:
@@ -516,12 +519,18 @@ class Solver:
                 raise RuntimeError(f"step size underflow at t = {self.t} (dt = {dt:.3e} after {rejected} "
                                    f"rejected attempts): the error estimate cannot meet rtol = {opt.rtol:g}, "
                                    f"atol = {opt.atol:g}; loosen them or check the model")
-            vals = self._try_step(st, mom, dt)
+            u0, mom0 = self.f, mom
+            if self._diffusivity > 0:  # Strang splitting: noise dt/2, transport dt, noise dt/2
+                u0 = self._heat(self.f, 0.5 * dt)
+                mom0 = mom if self._active.local else self._moments(self.t, u0)
+            vals = self._try_step(st, mom0, dt, u0)
             if vals is None:  # a later stage's field exceeded Courant number 1: retry smaller
                 dt *= 0.5
                 rejected += 1
                 continue
             f_new = vals[len(st.stages)]
+            if self._diffusivity > 0:
+                f_new = self._heat(f_new, 0.5 * dt)
             lo, hi = float(f_new.min()), float(f_new.max())  # NaN propagates into both; +-inf shows in one
             if not (np.isfinite(lo) and np.isfinite(hi)):
                 raise FloatingPointError(f"non-finite density after the step from t = {self.t}")
@@ -586,10 +595,29 @@ class Solver:
             self._buffers.append(np.empty(self.grid.n_cells))
         return self._buffers[i]
 
-    def _try_step(self, st: SSPStepper, mom0, dt):
-        """Stage values [u_0, u_1, ..., u_S, extra...] of one attempt, or None if a stage exceeded
-        Courant number 1. The answer u_S is a fresh array (callers may keep it); the others reuse buffers."""
-        u0 = self.f
+    def _heat(self, f: np.ndarray, t: float) -> np.ndarray:
+        """The noise term's heat flow over time t (:func:`spherepde.diffusion.heat_flow`)."""
+        from .diffusion import DiffusionOperators, heat_flow
+
+        if self._diffusion is None:
+            self._diffusion = DiffusionOperators(self.grid)
+        before = self._diffusion.n_clipped
+        out = heat_flow(self._diffusion, f, t, self._diffusivity)
+        if self._diffusion.n_clipped > before and not self._blend_warned and self._diffusion.clipped_mass > 1e-6:
+            self._blend_warned = True
+            log.warning("noise at t = %.4g: the heat flow had negative cells holding %.2g of the mass, set to 0 "
+                        "(the density is not resolved near zero; Solver.noise_clipped)", self.t,
+                        self._diffusion.clipped_mass)
+        return out
+
+    def _try_step(self, st: SSPStepper, mom0, dt, u0=None):
+        """Stage values [u_0, u_1, ..., u_S, extra...] of one attempt from ``u0`` (default the state), or
+        None if a stage exceeded Courant number 1. The answer u_S is a fresh array (callers may keep it);
+        the others reuse buffers."""
+        shifted = u0 is not None and u0 is not self.f
+        u0 = self.f if u0 is None else u0
+        if shifted and dt * self._rates(mom0)[0] > 1.0:  # moments of a diffused state: check the CFL too
+            return None
         prev = u0
         vals = [u0]
         n_main = len(st.stages)
@@ -645,6 +673,13 @@ class Solver:
                 self.diag["time"][-1] = t_target
             if callback is not None:
                 callback(self)
+
+    @property
+    def noise_clipped(self) -> tuple[int, float]:
+        """(heat flows with negative cells, the largest negative mass set to 0 relative to the mass) of the
+        noise term so far (:func:`spherepde.diffusion.heat_flow`); (0, 0.0) without noise."""
+        d = self._diffusion
+        return (0, 0.0) if d is None else (d.n_clipped, d.clipped_mass)
 
     @property
     def last_dt(self) -> float | None:

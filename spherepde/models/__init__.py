@@ -2,8 +2,8 @@
 from .attention import Attention
 from .base import Model, tangent_project
 from .prescribed import Prescribed
-from .terms import FeedForward, Layers, MultiHead, Sum
+from .terms import FeedForward, Layers, MultiHead, Noise, Sum
 from .zero_temperature import ZeroTemperature
 
-__all__ = ["Attention", "FeedForward", "Layers", "Model", "MultiHead", "Prescribed", "Sum", "ZeroTemperature",
+__all__ = ["Attention", "FeedForward", "Layers", "Model", "MultiHead", "Noise", "Prescribed", "Sum", "ZeroTemperature",
            "tangent_project"]

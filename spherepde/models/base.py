@@ -33,11 +33,9 @@ class Model:
 
     def __add__(self, other):
         """``model + term``: a :class:`~spherepde.models.terms.Sum` (the velocities add)."""
-        from .terms import Sum
+        from .terms import add
 
-        if not isinstance(other, Model):
-            return NotImplemented
-        return Sum([self, other])
+        return add(self, other)
 
     def speed_bound(self) -> float:
         """An upper bound of |v| on the sphere, for any density and time (``inf`` if unknown)."""

@@ -26,6 +26,10 @@ Classes
 ``Layers``
     ``[(t_start, model), ...]``: the model in force from each t_start to the next (piecewise constant in
     depth t, right-continuous); the paper's shared weights are one layer.
+``Noise``
+    Brownian motion of the tokens, sigma dW_t on the sphere: the Fokker-Planck term
+    (sigma^2 / 2) Delta_S f of the PDE (:mod:`spherepde.diffusion`), and the projected Euler-Maruyama
+    increment of the tokens. Not a velocity: its ``field`` is zero.
 """
 from __future__ import annotations
 
@@ -38,8 +42,8 @@ from scipy.special import erf
 from .._checks import as_points, finite_float, real_array
 from .base import Model, tangent_project
 
-__all__ = ["Sum", "MultiHead", "FeedForward", "Layers", "ACTIVATIONS", "resolve", "decompose", "boundaries",
-           "describe"]
+__all__ = ["Sum", "MultiHead", "FeedForward", "Layers", "Noise", "ACTIVATIONS", "resolve", "decompose",
+           "boundaries", "describe", "noise_diffusivity"]
 
 
 def _relu(z):
@@ -96,6 +100,9 @@ class Sum(Model):
                                 f"{type(t).__name__}")
         if not flat:
             raise ValueError("a Sum needs at least one term")
+        dims = [t.dim for t in flat if not isinstance(t, Noise)]
+        if dims:  # a Noise term takes the dimension of the terms it is added to
+            flat = [Noise(t.sigma, dims[0]) if isinstance(t, Noise) and t.dim != dims[0] else t for t in flat]
         self.terms = tuple(flat)
         self.dim = _check_dims(self.terms, "terms of a sum")
         self.steady = all(getattr(t, "steady", False) for t in self.terms)
@@ -238,6 +245,67 @@ class FeedForward(Model):
         return float(np.linalg.norm(self.W2, 2) * s + np.linalg.norm(self.b2))
 
 
+@dataclass(frozen=True, eq=False)
+class Noise(Model):
+    """Noise of strength sigma: tokens dX = v dt + sigma dW on S^(d-1) (Brownian motion on the sphere), the
+    density d_t f + div_S(f v) = (sigma^2 / 2) Delta_S f.
+
+    Parameters
+    ----------
+    sigma : float >= 0
+    dim : int, default 3
+        d of S^(d-1); ``term + Noise(sigma)`` takes the other term's d.
+
+    Noise terms add as independent Brownian motions (their sigma^2 add).
+    """
+
+    sigma: float
+    dim: int = 3
+
+    steady = True
+    local = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "sigma", finite_float(self.sigma, "sigma", low=0.0))
+        if isinstance(self.dim, bool) or not isinstance(self.dim, (int, np.integer)) or self.dim < 2:
+            raise ValueError(f"dim must be an integer >= 2 (d of S^(d-1)), got {self.dim!r}")
+        object.__setattr__(self, "dim", int(self.dim))
+
+    @property
+    def diffusivity(self) -> float:
+        """sigma^2 / 2, the coefficient of the Laplace-Beltrami operator."""
+        return 0.5 * self.sigma ** 2
+
+    def field(self, points, t=0.0, grid=None, density=None) -> np.ndarray:
+        return np.zeros_like(as_points(points, self.dim))
+
+    def speed_bound(self) -> float:
+        return 0.0
+
+
+
+def add(a, b):
+    """``a + b`` of two models: their Sum (a Noise term takes the dimension of the other terms)."""
+    if not (isinstance(a, Model) and isinstance(b, Model)):
+        return NotImplemented
+    return Sum([a, b])
+
+
+def has_noise(model) -> bool:
+    """Whether any layer of the model has a Noise term with sigma > 0."""
+    starts = (0.0,) + boundaries(model)
+    return any(noise_diffusivity(resolve(model, t)) > 0 for t in starts)
+
+
+def noise_diffusivity(model) -> float:
+    """sigma^2 / 2 summed over the Noise terms of a resolved model (0 without noise)."""
+    if isinstance(model, Noise):
+        return model.diffusivity
+    if isinstance(model, Sum):
+        return float(sum(noise_diffusivity(m) for m in model.terms))
+    return 0.0
+
+
 class Layers(Model):
     """Layer-wise weights: ``[(t_start, model), ...]``, each model in force from its t_start (inclusive) to
     the next t_start; the first t_start must be 0. The models may themselves be sums or multi-head.
@@ -345,6 +413,8 @@ def decompose(model):
         return local, heads
     if isinstance(model, MultiHead):
         return [], list(zip(model.weights, model.heads))
+    if isinstance(model, Noise):  # not a velocity: the numerics treat it through noise_diffusivity
+        return [], []
     if getattr(model, "local", False):
         return [model], []
     return [], [(1.0, model)]
@@ -358,4 +428,6 @@ def describe(model) -> str:
         return " + ".join(describe(m) for m in model.terms)
     if isinstance(model, MultiHead):
         return f"MultiHead({len(model.heads)} heads)"
+    if isinstance(model, Noise):
+        return f"Noise({model.sigma:g})"
     return type(model).__name__
