@@ -319,6 +319,7 @@ class ModelConfig:
     weights: list | None = None  # multihead: the head weights (default 1 / H)
     terms: tuple | None = None  # sum: ModelConfig, one per term
     layers: tuple | None = None  # layers: (t_start, ModelConfig) pairs
+    normalization: str | None = None  # attention: "softmax" | "usa"
     sigma: float | None = None  # noise
     d: int | None = None  # noise on its own: d of S^(d-1) (in a sum it takes the other terms' d)
 
@@ -412,7 +413,7 @@ class ModelConfig:
                 raise ConfigError(f"{w}.layers", "mixed dimensions", "layers of one dimension d")
             return cls(t, layers=tuple(layers))
         if t in ("zero_temperature", "attention"):
-            keys = ("type", "B", "V") + (("beta", "tol", "method") if t == "attention" else ())
+            keys = ("type", "B", "V") + (("beta", "tol", "method", "normalization") if t == "attention" else ())
             _check_keys(sec, keys, w)
             B = _matrix(sec, "B", w)
             V = _matrix(sec, "V", w)
@@ -428,7 +429,11 @@ class ModelConfig:
                 beta = _float(sec, "beta", w, lo=0.0, required=True)
             tol = _float(sec, "tol", w, default=1e-12, lo=0.0, hi=0.1, lo_open=True)
             method = _str(sec, "method", w, ATTENTION_METHODS, default="auto")
-            return cls(t, B=B, V=V, beta=beta, tol=tol, method=method)
+            norm = _str(sec, "normalization", w, ("softmax", "usa"), default="softmax")
+            if norm == "usa" and beta == math.inf:
+                raise ConfigError(f"{w}.beta", beta, "a finite number >= 0 for normalization = 'usa'")
+            # the default is left out of the record (None), so existing configurations keep their fingerprints
+            return cls(t, B=B, V=V, beta=beta, tol=tol, method=method, normalization=None if norm == "softmax" else norm)
         if t == "prescribed_rotation":
             _check_keys(sec, ("type", "axis", "omega"), w)
             axis = _vector_list(sec, "axis", w, d=3)
@@ -463,7 +468,8 @@ class ModelConfig:
         if self.type == "attention":
             from .models.attention import Attention
 
-            return Attention(np.array(self.B), np.array(self.V), beta=self.beta, tol=self.tol, method=self.method)
+            return Attention(np.array(self.B), np.array(self.V), beta=self.beta, tol=self.tol, method=self.method,
+                             normalization=self.normalization or "softmax")
         from .models import Prescribed
 
         if self.type == "prescribed_rotation":

@@ -215,12 +215,16 @@ def _velocity_fn(model, rule: str, weights: np.ndarray) -> Callable[[np.ndarray,
 
     if rule == "softmax":
         beta = float(model.beta)
+        usa = getattr(model, "normalization", "softmax") == "usa"
+        shift = beta * model.usa_shift if usa else 0.0
 
         def v_soft(x, t):
             x = np.ascontiguousarray(x)
             mean = np.empty_like(x)
             lse = np.empty(x.shape[0])
             launch(softmax_mean, x.shape[0] ** 2, x, np.ascontiguousarray(x.T), logw, B, beta, mean, lse)
+            if usa:  # the unnormalised mean: the softmax mean times exp(lse - beta s_B) (Attention's docs)
+                mean *= np.exp(lse - shift)[:, None]
             return tangent_project(x, mean @ V.T)
 
         return v_soft

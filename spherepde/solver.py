@@ -413,7 +413,8 @@ class Solver:
         grid = self.grid
         model = self._heads[0][1] if model is None else model
         w = f * grid.areas
-        if self._circle_phi0 is not None and hasattr(model, "B"):
+        if self._circle_phi0 is not None and hasattr(model, "B") and \
+                getattr(model, "normalization", "softmax") == "softmax":
             from .kernels.circle import circle_mean_field, rotation_scale
 
             if rotation_scale(model.B) is not None:

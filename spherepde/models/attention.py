@@ -52,6 +52,8 @@ def _spectral_tables(L):
 
 #: Evaluation methods accepted by :class:`Attention`.
 METHODS = ("auto", "direct", "pruned", "spectral")
+#: Normalisations of the attention mean: the softmax (the paper's) and the unnormalised "USA".
+NORMALIZATIONS = ("softmax", "usa")
 
 #: Sources per block and blocks per super-block of the pruned method.
 BLOCK = 64
@@ -176,6 +178,13 @@ class Attention(Model):
         and "auto" ("direct" is exact to rounding).
     method : {"auto", "direct", "pruned", "spectral"}, default "auto"
         How the sums are evaluated; "auto" chooses by a cost model.
+    normalization : {"softmax", "usa"}, default "softmax"
+        "softmax": m is the softmax mean below (the paper's). "usa": the unnormalised self-attention of
+        Geshkovski et al. and Bruno et al., m(x) = sum_j w_j y_j e^{beta (<x, B y_j> - s_B)} with
+        s_B = sigma_max(B) >= <x, B y>, so every kernel value is in (0, 1] and the field stays finite for any
+        beta. This is the raw USA dynamics dx/dt' = P_x(V sum_j w_j y_j e^{beta <x, B y_j>}) in the rescaled
+        time t = e^{beta s_B} t' (the rescaling of the literature, e^{beta} for B = I). Evaluated by the
+        direct sum (exact to rounding, O(N M)): ``tol`` and ``method`` do not apply.
 
     Notes
     -----
@@ -227,6 +236,7 @@ class Attention(Model):
     beta: float
     tol: float = 1e-12
     method: str = "auto"
+    normalization: str = "softmax"
     dim: int = field(init=False)
     _cache: dict = field(init=False, repr=False, default_factory=dict)
 
@@ -253,6 +263,8 @@ class Attention(Model):
                 f"{KAPPA_MAX:.0e} (beta = inf: use spherepde.ZeroTemperature)")
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
         object.__setattr__(self, "B", B)
         object.__setattr__(self, "V", V)
         object.__setattr__(self, "beta", b)
@@ -378,11 +390,13 @@ class Attention(Model):
         if np.any(ny == 0):
             raise ValueError("sources must be points of the unit sphere (found a zero vector)")
         y = y / ny[:, None]
-        U, kappa = self._centres(x)
         M, N = x.shape[0], y.shape[0]
         out = np.empty((M, d))
         if M == 0:
             return out
+        if self.normalization == "usa":
+            return self._usa_mean(x, y, w, out)
+        U, kappa = self._centres(x)
         meth = self.method if method is None else method
         if meth not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {meth!r}")
@@ -412,6 +426,27 @@ class Attention(Model):
         if not np.all(np.isfinite(out)):  # never pass a NaN field on as if the density were at fault
             raise FloatingPointError(f"the attention method {meth!r} gave a non-finite mean field (a bug in "
                                      "spherepde: please report it with the inputs); method='direct' is exact")
+        return out
+
+    @property
+    def usa_shift(self) -> float:
+        """s_B = sigma_max(B), the shift of the USA exponents (so that beta (<x, B y> - s_B) <= 0)."""
+        return float(np.linalg.norm(self.B, 2))
+
+    def _usa_mean(self, x, y, w, out):
+        """m(x_i) = sum_j w_j y_j exp(beta (<x_i, B y_j> - s_B)): the softmax mean times its normaliser
+        exp(lse_i - beta s_B) <= sum_j w_j (the kernel of the particle code: one pass, no overflow)."""
+        from ..kernels.particles import launch, softmax_mean
+
+        self._cache["method"] = "direct"
+        lse = np.empty(x.shape[0])
+        with np.errstate(divide="ignore"):
+            lw = np.log(w)
+        launch(softmax_mean, x.shape[0] * y.shape[0], np.ascontiguousarray(x), np.ascontiguousarray(y.T), lw,
+               np.ascontiguousarray(self.B), self.beta, out, lse)
+        out *= np.exp(lse - self.beta * self.usa_shift)[:, None]
+        if not np.all(np.isfinite(out)):
+            raise FloatingPointError("the USA attention gave a non-finite mean field (a bug: please report it)")
         return out
 
     def spectral_degree(self, kappa_max: float) -> tuple[int, int]:
@@ -658,5 +693,6 @@ class Attention(Model):
         return self.velocity(points, grid, density)
 
     def speed_bound(self) -> float:
-        # |P_x(V m)| <= |V m| <= sigma_max(V) |m| and |m| <= 1 (a convex combination of unit vectors)
+        # |P_x(V m)| <= |V m| <= sigma_max(V) |m|; |m| <= 1 (softmax: a convex combination of unit vectors;
+        # USA: kernel values <= 1, for a probability measure)
         return float(np.linalg.norm(self.V, 2))
