@@ -533,6 +533,9 @@ def plot_concentration(result, fig=None):
         fig = _figure((10, 3.8))
     a0, a1 = fig.subplots(1, 2)
     a0.semilogy(t, np.maximum(c["w2_limit"], 1e-16), label="PDE")
+    if "w2_floor" in c:  # no density on the grid is closer to Pi#rho_0: a plateau there is the grid's
+        a0.semilogy(t, np.maximum(c["w2_floor"], 1e-16), color="0.5", ls="-.", lw=0.9,
+                    label="grid floor of W2")
     a1.plot(t, c["alignment_E"], label="E (PDE)")
     a1.plot(t, c["alignment_F"], label="F (PDE)")
     a1.plot(t, c["alignment_F_abs"], ":", label=r"F$_{abs}$ (PDE)")
@@ -550,7 +553,8 @@ def plot_concentration(result, fig=None):
     a1.set_ylim(-0.02, 1.02)
     for a in (a0, a1):
         a.set_xlabel("t")
-        a.legend(fontsize=8)
+        # below the axes: inside, the legend covered the curves and the event labels
+        a.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
     fig.tight_layout()
     return fig
 

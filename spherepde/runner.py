@@ -30,6 +30,7 @@ import fcntl
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -368,7 +369,9 @@ def _particle_concentration(result, particles: dict, p: float) -> dict:
     keys = ("w2_limit", "alignment_E", "alignment_F", "alignment_F_abs")
     out = {k: [] for k in keys}
     for x in particles["positions"]:
-        d = concentration_diagnostics(x, w, model.B, model.V, p=p, limit=limit, spectral=s, strict_vp=False)
+        with warnings.catch_warnings():  # tokens on E^perp (collapsed onto F) have V_p = inf: expected here
+            warnings.filterwarnings("ignore", message="V_p = inf", category=RuntimeWarning)
+            d = concentration_diagnostics(x, w, model.B, model.V, p=p, limit=limit, spectral=s, strict_vp=False)
         for k in keys:
             out[k].append(d[k])
     return {f"particles_{k}": np.array(v, dtype=float) for k, v in out.items()}

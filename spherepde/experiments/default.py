@@ -47,8 +47,10 @@ FIGURES = {
                           "the eigenspaces E, F, F_abs marked",
     "maps_orthographic.png": "the same times seen from a point and from its antipode",
     "particles_overlay.png": "the tokens on the density, grouped per cell, facing hemisphere only",
-    "concentration.png": "W2 to Pi#rho_0 and the alignments with E, F, F_abs against t, density and tokens",
-    "diagnostics.png": "mass, min and max of f, step size and the field's error bound against t",
+    "concentration.png": "W2 to Pi#rho_0 (with the grid's floor) and the alignments with E, F, F_abs against t, "
+                         "density and tokens",
+    "diagnostics.png": "relative mass drift, min and max of f with the Gronwall bound (and where min f falls "
+                       "below it, with the reason), and sup div v, against t",
     "density.gif": "the density and the tokens, every saved time, one colour scale",
 }
 
