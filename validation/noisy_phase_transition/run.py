@@ -38,11 +38,11 @@ from validation import criteria as C  # noqa: E402
 
 BETA = 5.0
 RATIOS = (0.5, 0.7, 0.8, 0.9, 0.95, 1.05, 1.2)
-QUICK_RATIOS = (0.7, 1.2)
+QUICK_RATIOS = (0.8, 1.2)
 TOKEN_RATIOS = (0.7, 0.9, 1.2)
 CELLS = 256
 T_END = 250.0
-QUICK_T = 150.0
+QUICK_T = 200.0
 N_TOKENS = 1000
 EPS = 1e-3
 #: Linear-phase rate of mode 1 within this relative error of lambda_1 - D (or this absolute error where it
