@@ -16,8 +16,9 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install -e '.[test]'
 	touch $(STAMP)
 
+# parallel test processes (pytest-xdist): one per core, at most 4 (each loads numba, dask, healpy)
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses 4
 
 run: $(STAMP)
 	$(PY) -m spherepde.experiments.default --output output/default
