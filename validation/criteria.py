@@ -188,6 +188,21 @@ def cli(name: str, criteria_fn: Callable, main: Callable, results_for: Callable,
     return max(rc, exit_status(crits))
 
 
+def quick_results(here: Path) -> Callable:
+    """The ``results_for`` of a study whose run writes results.json (results_quick.json with --quick)."""
+    return lambda argv: Path(here) / ("results_quick.json" if "--quick" in argv else "results.json")
+
+
+def save_outputs(here: Path, name: str, res: dict, quick: bool, write_md: Callable, plot: Callable) -> None:
+    """A study's outputs beside its run.py: results.json, results.md (``write_md(res, path)``) and
+    <name>.png (``plot(res, path)``), each with the suffix _quick in quick mode."""
+    sfx = "_quick" if quick else ""
+    here = Path(here)
+    (here / f"results{sfx}.json").write_text(json.dumps(res, indent=1))
+    write_md(res, here / f"results{sfx}.md")
+    plot(res, here / f"{name}{sfx}.png")
+
+
 def load_study(name: str):
     """The module validation/<name>/run.py (importing it does not run the study)."""
     path = VALID / name / "run.py"

@@ -22,7 +22,6 @@ twice the resolution (the counts and positions are converged).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -138,8 +137,7 @@ def criteria(res) -> list[dict]:
     return out
 
 
-def results_for(argv) -> Path:
-    return HERE / ("results_quick.json" if "--quick" in argv else "results.json")
+results_for = C.quick_results(HERE)
 
 
 def write_md(res, path):
@@ -210,10 +208,7 @@ def main(argv=None):
         for norm, beta in (("usa", 5.0), ("usa", 20.0), ("softmax", 12.0)):
             res["resolution"].append(one_run(norm, beta, 2 * cells, phi))
     res["wall_total_s"] = time.perf_counter() - t0
-    sfx = "_quick" if a.quick else ""
-    (HERE / f"results{sfx}.json").write_text(json.dumps(res, indent=1))
-    write_md(res, HERE / f"results{sfx}.md")
-    plot(res, HERE / f"bruno_circle{sfx}.png")
+    C.save_outputs(HERE, "bruno_circle", res, a.quick, write_md, plot)
     return 0
 
 

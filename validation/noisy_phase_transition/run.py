@@ -153,8 +153,7 @@ def criteria(res) -> list[dict]:
     return out
 
 
-def results_for(argv) -> Path:
-    return HERE / ("results_quick.json" if "--quick" in argv else "results.json")
+results_for = C.quick_results(HERE)
 
 
 def write_md(res, path):
@@ -248,10 +247,7 @@ def main(argv=None):
                   flush=True)
             res["tokens"].append(t)
     res["wall_total_s"] = time.perf_counter() - t0
-    sfx = "_quick" if a.quick else ""
-    (HERE / f"results{sfx}.json").write_text(json.dumps(res, indent=1))
-    write_md(res, HERE / f"results{sfx}.md")
-    plot(res, HERE / f"noisy_phase_transition{sfx}.png")
+    C.save_outputs(HERE, "noisy_phase_transition", res, a.quick, write_md, plot)
     return 0
 
 
