@@ -8,33 +8,17 @@ import pytest
 
 from spherepde import io
 from spherepde.cli import discover_studies, info_text, main
+from toml_configs import zero_temperature_run
 
 ROOT_DOCS = Path(__file__).resolve().parents[1] / "docs"
 
-TINY = """
-name = "tiny"
-[grid]
-type = "healpix"
-nside = 2
-[model]
-type = "zero_temperature"
-B = "paper"
-V = "paper"
-[initial]
-type = "vmf_mixture"
-means = [[1, 0.2, 0.1]]
-kappas = 2.0
-uniform_weight = 0.5
-[time]
-t_end = 0.5
-save_every = 0.25
-[output]
+TINY = zero_temperature_run("tiny", tail="""[output]
 fits = true
 plots = ["maps", "diagnostics", "concentration", "particles"]
 [particles]
 n = 20
 dt = 0.05
-"""
+""")
 
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")

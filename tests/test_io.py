@@ -8,25 +8,9 @@ import pytest
 from spherepde import io
 from spherepde.config import parse_config
 from spherepde.solver import Solver, solve
+from toml_configs import zero_temperature_run
 
-TOML = """
-name = "io"
-[grid]
-type = "healpix"
-nside = 2
-[model]
-type = "zero_temperature"
-B = "paper"
-V = "paper"
-[initial]
-type = "vmf_mixture"
-means = [[1, 0, 0]]
-kappas = 2.0
-uniform_weight = 0.3
-[time]
-t_end = 0.5
-save_every = 0.25
-"""
+TOML = zero_temperature_run("io", means="[[1, 0, 0]]", uniform_weight=0.3)
 
 
 @pytest.fixture(scope="module")

@@ -13,29 +13,14 @@ import textwrap
 
 import pytest
 
-TOML = """
-name = "cf"
-[grid]
-type = "healpix"
-nside = 2
-[model]
-type = "zero_temperature"
-B = "paper"
-V = "paper"
-[initial]
-type = "vmf_mixture"
-means = [[1, 0.2, 0.1]]
-kappas = 2.0
-uniform_weight = 0.5
-[time]
-t_end = 0.5
-save_every = 0.25
-[output]
+from toml_configs import zero_temperature_run
+
+TOML = zero_temperature_run("cf", tail="""[output]
 plots = ["concentration"]
 [particles]
 n = 20
 dt = 0.05
-"""
+""")
 
 READER = textwrap.dedent('''
     import json, sys

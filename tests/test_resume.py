@@ -14,28 +14,13 @@ from spherepde.cli import main
 from spherepde.config import parse_config
 from spherepde.runner import CHECKPOINT_NAME, RESULTS_NAME, RunnerError, run_experiment
 from spherepde.solver import solve
+from toml_configs import zero_temperature_run
 
-TOML = """
-name = "resume"
-[grid]
-type = "healpix"
-nside = 8
-[model]
-type = "zero_temperature"
-B = "paper"
-V = "paper"
-[initial]
-type = "vmf_mixture"
-means = [[1, 1, 0]]
-kappas = 3.0
-uniform_weight = 0.5
-[time]
-t_end = 8.0
-save_every = 1.0
-[output]
+TOML = zero_temperature_run("resume", nside=8, means="[[1, 1, 0]]", kappas=3.0, t_end=8.0, save_every=1.0,
+                            tail="""[output]
 checkpoint_every = 0.0   # after every step: many kill points
 plots = []
-"""
+""")
 
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
