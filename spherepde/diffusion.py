@@ -41,7 +41,7 @@ def _unit(x):
 
 
 def _face_geometry(grid):
-    """(owner mean position, neighbour mean position, integrated normal N_e, unit direction t_e, d_ij)."""
+    """(integrated normal N_e, unit direction t_e from owner to neighbour, geodesic distance d_ij) per face."""
     xb = _unit(grid.xbar)
     o, n = grid.owner, grid.neighbour
     xo, xn = xb[o], xb[n]
@@ -50,7 +50,7 @@ def _face_geometry(grid):
     t = xn - xo
     t = _unit(t - np.einsum("ij,ij->i", t, mid)[:, None] * mid)
     dist = np.arccos(np.clip(np.einsum("ij,ij->i", xo, xn), -1.0, 1.0))
-    return xo, xn, Nf, t, dist
+    return Nf, t, dist
 
 
 def laplacian(grid, corrected: bool = True) -> sps.csr_matrix:
@@ -59,7 +59,7 @@ def laplacian(grid, corrected: bool = True) -> sps.csr_matrix:
     the two-point part alone (an M-matrix; inconsistent on non-orthogonal cells)."""
     o, n = grid.owner, grid.neighbour
     N, F = grid.n_cells, len(o)
-    _, _, Nf, t, dist = _face_geometry(grid)
+    Nf, t, dist = _face_geometry(grid)
     Nt = np.einsum("ij,ij->i", Nf, t)
     if np.any(Nt <= 0):  # pragma: no cover - a grid whose centre line leaves through the wrong side
         raise ValueError("the line between two cell centres does not cross their common face outwards")

@@ -189,7 +189,7 @@ class _LayeredVelocity:
         self._fns = [_sum_velocity_fn(_terms.resolve(model, t), weights) for t in starts]
 
     def index(self, t: float) -> int:
-        return int(np.searchsorted(self.bounds, t, side="right"))
+        return _terms.interval_index(self.bounds, t)
 
     def at(self, t: float):
         return self._fns[self.index(t)]
@@ -242,6 +242,8 @@ def _simulate_noisy(model, v, x, w, t_end, dt, save_at, seed, rule) -> ParticleR
     """Projected Euler-Maruyama (see :func:`simulate_particles`'s ``seed``), fixed steps, layers landed on."""
     rng = np.random.default_rng(seed)
     bounds = _terms.boundaries(model)
+    # sigma of each layer interval, resolved once (not at every step)
+    sigmas = [float(np.sqrt(2.0 * _terms.noise_diffusivity(_terms.resolve(model, s)))) for s in (0.0,) + bounds]
     knots, save_idx = _time_knots(t_end, dt, save_at, bounds)
     d = x.shape[1]
     out = np.empty((save_idx.size, x.shape[0], d))
@@ -252,7 +254,7 @@ def _simulate_noisy(model, v, x, w, t_end, dt, save_at, seed, rule) -> ParticleR
     for k in range(knots.size - 1):
         t, h = float(knots[k]), float(knots[k + 1] - knots[k])
         vk = v.at(t) if isinstance(v, _LayeredVelocity) else v
-        sigma = float(np.sqrt(2.0 * _terms.noise_diffusivity(_terms.resolve(model, t))))
+        sigma = sigmas[_terms.interval_index(bounds, t)]
         y = x + h * vk(x, t)
         if sigma > 0:
             xi = rng.standard_normal(x.shape)

@@ -252,7 +252,7 @@ class Solver:
         self._blocks = None  # (block index per cell, number of blocks) of the error norm
         self._vtw = {}  # id(head) -> face normals times V of that head (the fused weights kernel)
         self._diffusion = None  # spherepde.diffusion.DiffusionOperators of the grid, built on first use
-        self._blend_warned = False
+        self._clip_warned = False  # the noise's positivity fix has been warned about
         self._activate(self.t)
         self._mom = self._state_moments()  # moments of the current state, reused by step()
         self._record()
@@ -262,7 +262,7 @@ class Solver:
         """Resolve the model on the layer interval that starts at t (:func:`spherepde.models.terms.resolve`)
         into its local terms and attention heads. Entering a new layer drops the extrapolation history of
         the field (``field_interval``): the weights jumped."""
-        key = int(np.searchsorted(self._bounds, t, side="right")) if self._bounds else 0
+        key = _terms.interval_index(self._bounds, t)
         if key == self._active_key:
             return
         if self._active_key is not None and reset:
@@ -604,8 +604,8 @@ class Solver:
             self._diffusion = DiffusionOperators(self.grid)
         before = self._diffusion.n_clipped
         out = heat_flow(self._diffusion, f, t, self._diffusivity)
-        if self._diffusion.n_clipped > before and not self._blend_warned and self._diffusion.clipped_mass > 1e-6:
-            self._blend_warned = True
+        if self._diffusion.n_clipped > before and not self._clip_warned and self._diffusion.clipped_mass > 1e-6:
+            self._clip_warned = True
             log.warning("noise at t = %.4g: the heat flow had negative cells holding %.2g of the mass, set to 0 "
                         "(the density is not resolved near zero; Solver.noise_clipped)", self.t,
                         self._diffusion.clipped_mass)

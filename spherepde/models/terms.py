@@ -43,7 +43,7 @@ from .._checks import as_points, finite_float, real_array
 from .base import Model, tangent_project
 
 __all__ = ["Sum", "MultiHead", "FeedForward", "Layers", "Noise", "ACTIVATIONS", "resolve", "decompose",
-           "boundaries", "describe", "noise_diffusivity"]
+           "boundaries", "interval_index", "describe", "noise_diffusivity"]
 
 
 def _relu(z):
@@ -390,6 +390,12 @@ def boundaries(model) -> tuple:
         for m in model.terms:
             out.update(boundaries(m))
     return tuple(sorted(out))
+
+
+def interval_index(bounds: tuple, t: float) -> int:
+    """Which of the intervals [0, b_1), [b_1, b_2), ... of the sorted layer ``bounds`` holds ``t`` (a step that
+    starts on a boundary belongs to the layer that begins there)."""
+    return int(np.searchsorted(bounds, float(t), side="right")) if bounds else 0
 
 
 def next_boundary(model, t: float, bounds: tuple | None = None) -> float:
