@@ -144,6 +144,8 @@ def test_a_second_run_on_a_live_directory_is_refused(tmp_path):
 def test_cli_second_run_on_a_live_directory_exits_2_and_the_first_completes(tmp_path):
     """The issue's scenario: `spherepde run cfg -o d &`, then `spherepde run cfg -o d --restart`. Before,
     the second truncated the first's results (7 of 21 frames, marked done)."""
+    import os
+    import signal
     import subprocess
     import sys
     import time
@@ -161,7 +163,14 @@ def test_cli_second_run_on_a_live_directory_exits_2_and_the_first_completes(tmp_
     while not (out / "checkpoint.h5").exists():  # the first run is under way
         assert first.poll() is None and time.monotonic() - t0 < 120
         time.sleep(0.05)
-    second = subprocess.run(cmd + ["--restart"], capture_output=True, text=True, timeout=120)
+    # hold the first run where it is while the second starts: without this the first could finish during
+    # the second's start-up on a loaded machine (seen with parallel test workers), and the second would
+    # then rightly run; the stopped process keeps its lock, as a slow run does
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        second = subprocess.run(cmd + ["--restart"], capture_output=True, text=True, timeout=120)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     assert second.returncode == 2 and "in use by another run" in second.stderr
     assert len(second.stderr.strip().splitlines()) == 1
     assert first.wait(timeout=300) == 0, first.stderr.read()
