@@ -18,7 +18,7 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from .diagnostics import alignment, concentration_diagnostics, interaction_energy
 from .exact import characteristics_backward, exact_cell_averages, exact_zero_temperature
-from .grids import Grid, HealpixGrid, TensorGrid
+from .grids import AdaptiveHealpixGrid, Grid, HealpixGrid, TensorGrid
 from .io import load, save_result, write_fits
 from .models import (Attention, FeedForward, Layers, Model, MultiHead, Noise, Prescribed, Sum,
                      ZeroTemperature)
@@ -34,7 +34,7 @@ from .wasserstein import coarsen_measure, wasserstein2, wasserstein2_two_atoms
 __version__ = "0.1.0"
 
 __all__ = [
-    "Attention", "FeedForward", "Layers", "MultiHead", "Noise", "Sum", "Grid", "HealpixGrid", "Model", "Options", "ParticleResult", "Prescribed", "Result",
+    "AdaptiveHealpixGrid", "Attention", "FeedForward", "Layers", "MultiHead", "Noise", "Sum", "Grid", "HealpixGrid", "Model", "Options", "ParticleResult", "Prescribed", "Result",
     "Solver", "SpectralData", "TensorGrid", "ZeroTemperature", "alignment", "characteristics_backward",
     "coarsen_measure", "concentration_diagnostics", "exact_cell_averages", "exact_zero_temperature",
     "interaction_energy", "limit_measure", "load", "save_result", "write_fits", "lyapunov_vp", "particle_velocity", "projection",

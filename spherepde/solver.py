@@ -207,7 +207,7 @@ class Solver:
         if not isinstance(self.options, Options):
             raise TypeError(f"options must be a spherepde.Options, got {type(self.options).__name__}")
         if not (hasattr(grid, "dim") and hasattr(grid, "n_cells") and hasattr(grid, "areas")):
-            raise TypeError(f"grid must be a spherepde grid (HealpixGrid, TensorGrid), got {type(grid).__name__}")
+            raise TypeError(f"grid must be a spherepde grid (HealpixGrid, AdaptiveHealpixGrid, TensorGrid), got {type(grid).__name__}")
         if not hasattr(model, "field"):
             raise TypeError(f"model must be a spherepde model (Attention, ZeroTemperature, Prescribed), got "
                             f"{type(model).__name__}")

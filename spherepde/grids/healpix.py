@@ -57,6 +57,49 @@ def _square_rule(order: int, face, x0, y0, h):
     return np.concatenate(pts, axis=1), np.concatenate([Wt, Wt])
 
 
+def edge_quadrature(face, x0, y0, h, fixed: str, off: int, edge_points: int, centers):
+    """Gauss points and weighted normals of one edge of each listed face square.
+
+    The squares are [x0, x0 + h] x [y0, y0 + h] of base face ``face`` (arrays (n,)); the edge is the lattice
+    segment ``fixed`` = "y" (y = y0 + off h, x running) or "x" (x = x0 + off h, y running), mapped exactly by
+    the face map. Normals point away from ``centers`` (n, 3) (the owner's centre). Returns (points (n, G, 3),
+    weighted normals (n, G, 3), midpoint normal (n, 3), end points (n, 2, 3)). A HEALPix edge and the two
+    half edges of its children are pieces of one curve, so a coarse cell's edge is exactly the union of
+    the fine sub-faces next to it (:class:`spherepde.grids.adaptive.AdaptiveHealpixGrid`).
+    """
+    face = np.asarray(face)
+    n = len(face)
+    tau, w = _gauss01(edge_points)
+    x0 = np.asarray(x0, float)[:, None]
+    y0 = np.asarray(y0, float)[:, None]
+    hh = np.asarray(h, float)[:, None]
+    f = face[:, None]
+    t, wt = HealpixGrid._edge_rule(face, x0[:, 0], y0[:, 0], fixed, off, hh[:, 0], tau, w)
+    t = np.concatenate([t, np.full((n, 1), 0.5), np.zeros((n, 1)), np.ones((n, 1))], axis=1)
+    if fixed == "y":
+        xs, ys = x0 + hh * t, y0 + off * hh + 0 * t
+    else:
+        xs, ys = x0 + off * hh + 0 * t, y0 + hh * t
+    X, Xx, Xy = face_map_jacobian(np.broadcast_to(f, xs.shape), xs, ys)
+    dX = hh[:, :, None] * (Xx if fixed == "y" else Xy)
+    W = np.cross(dX, X)  # |W| = |dX/dtau|: the normal line element
+    # orient out of the owner
+    sgn = np.sign(np.einsum("fk,fk->f", W[:, -3], X[:, -3] - centers))
+    W *= sgn[:, None, None]
+    return X[:, :-3], W[:, :-3] * wt[:, :, None], W[:, -3], X[:, -2:]
+
+
+def _set_faces(grid, parts):
+    """Fill a grid's face arrays from a list of :func:`edge_quadrature` results (in face order)."""
+    grid.face_points = np.ascontiguousarray(np.concatenate([p[0] for p in parts]))
+    grid.face_normals = np.ascontiguousarray(np.concatenate([p[1] for p in parts]))
+    grid.face_weights = _gauss01(grid.edge_points)[1]
+    grid.face_ends = np.concatenate([p[3] for p in parts])  # (F, 2, 3) the edge's end points (pixel corners)
+    grid.face_length = np.linalg.norm(grid.face_normals, axis=2).sum(axis=1)
+    mid = np.concatenate([p[2] for p in parts])
+    grid.face_unit_normal = mid / np.linalg.norm(mid, axis=1, keepdims=True)
+
+
 class HealpixGrid(Grid):
     """The HEALPix tessellation of S^2 at resolution ``nside`` (N = 12 nside^2 cells, RING order).
 
@@ -117,44 +160,20 @@ class HealpixGrid(Grid):
         pix = np.arange(N)
         h = 1.0 / ns
         nbrs = hp.get_all_neighbours(ns, pix)  # (8, N)
-        tau, w = _gauss01(self.edge_points)
-        owners, neighs, pts, nrm, mids, ends = [], [], [], [], [], []
+        owners, neighs, parts = [], [], []
         for k, fixed, off in _EDGES:
             q = nbrs[k]
             if np.any(q < 0):  # pragma: no cover - healpy guarantees edge neighbours exist
                 raise RuntimeError("HEALPix edge neighbour missing")
             keep = pix < q
             p = pix[keep]
-            f = self._face[p][:, None]
-            x0 = (self._ix[p] * h)[:, None]
-            y0 = (self._iy[p] * h)[:, None]
-            t, wt = self._edge_rule(f[:, 0], x0[:, 0], y0[:, 0], fixed, off, h, tau, w)
-            t = np.concatenate([t, np.full((len(p), 1), 0.5), np.zeros((len(p), 1)), np.ones((len(p), 1))], axis=1)
-            if fixed == "y":
-                xs, ys = x0 + h * t, y0 + off * h + 0 * t
-            else:
-                xs, ys = x0 + off * h + 0 * t, y0 + h * t
-            X, Xx, Xy = face_map_jacobian(np.broadcast_to(f, xs.shape), xs, ys)
-            dX = h * (Xx if fixed == "y" else Xy)
-            W = np.cross(dX, X)  # |W| = |dX/dtau|: the normal line element
-            # orient out of the owner
-            sgn = np.sign(np.einsum("fk,fk->f", W[:, -3], X[:, -3] - self.centers[p]))
-            W *= sgn[:, None, None]
+            parts.append(edge_quadrature(self._face[p], self._ix[p] * h, self._iy[p] * h, np.full(len(p), h),
+                                         fixed, off, self.edge_points, self.centers[p]))
             owners.append(p)
             neighs.append(q[keep])
-            pts.append(X[:, :-3])
-            nrm.append(W[:, :-3] * wt[:, :, None])
-            mids.append(W[:, -3])
-            ends.append(X[:, -2:])
         self.owner = np.concatenate(owners).astype(np.int32)
         self.neighbour = np.concatenate(neighs).astype(np.int32)
-        self.face_points = np.ascontiguousarray(np.concatenate(pts))
-        self.face_normals = np.ascontiguousarray(np.concatenate(nrm))
-        self.face_weights = w
-        self.face_ends = np.concatenate(ends)  # (F, 2, 3) the edge's end points (pixel corners)
-        self.face_length = np.linalg.norm(self.face_normals, axis=2).sum(axis=1)
-        mid = np.concatenate(mids)
-        self.face_unit_normal = mid / np.linalg.norm(mid, axis=1, keepdims=True)
+        _set_faces(self, parts)
         self.cell_faces, self.cell_face_sign, count = incidence(self.owner, self.neighbour, N, 4)
         if np.any(count != 4):  # pragma: no cover
             raise RuntimeError("every HEALPix pixel must have exactly four edge neighbours")

@@ -1,0 +1,508 @@
+"""Adaptive HEALPix grids: cells of mixed orders on the 12 NESTED quadtrees of HEALPix.
+
+A cell of order k is the NESTED pixel p at nside 2^k, identified by its multi-order index
+NUNIQ = 4 * (2^k)^2 + p (the convention of healpy's multi-order maps, mhealpy, MOCPy and ligo.skymap);
+its children are the pixels 4p .. 4p + 3 of order k + 1. In face coordinates a cell is the square
+[x0, x0 + h] x [y0, y0 + h] of its base face, h = 2^-k, and its edges are the same lattice curves as the
+uniform grid's (:mod:`spherepde.grids.healpix`): exact curved geometry, Gauss points on the curves.
+
+What a grid here is
+-------------------
+- **Leaves.** The cells are the leaves of a complete tiling between ``nside_min`` and ``nside_max``, kept
+  2:1 balanced across edges *and corners* (neighbouring cells differ by at most one order): the
+  reconstruction stencil of a cell is then the leaves that touch it, found through the ring of pixels of
+  order k + 1 around it (at most 12), and every face is either between two cells of one order or a
+  fine cell's full edge against half of a coarse cell's edge.
+- **Faces.** Every face is built from its finer side (same order: from the cell first in the cell order):
+  a coarse cell's edge next to two fine cells is two sub-faces, each the fine cell's edge with the same
+  Gauss rule (graded towards the poles) as on a uniform grid, and the two sub-faces are exactly the two
+  halves of the coarse edge (one curve). Each face is computed once and enters its two cells with
+  opposite signs: mass is conserved to round-off across refinement boundaries.
+- **Order of cells.** Cells are sorted by their first descendant at order ``nside_max`` (the Morton, or
+  NESTED, order of the finest level), so a uniform adaptive grid is the NESTED ordering of
+  :class:`~spherepde.grids.healpix.HealpixGrid` (which is RING ordered; ``hp.nest2ring`` maps one to the
+  other).
+- **It is a grid like the others.** The arrays of :class:`~spherepde.grids.base.Grid` (cells, faces,
+  incidence, least-squares stencils in tangent frames) are filled for the mixed cells, so the solver,
+  kernels, steppers, models, particles, W2 and diagnostics take it unchanged.
+
+Bookkeeping is written here with healpy's NESTED neighbour tables: mhealpy and MOCPy hold multi-order
+pixel sets (NUNIQ conversions, set operations, coverage) but neither gives edge adjacency across orders,
+face geometry or balance, which is what a finite-volume grid needs; a NUNIQ is one line
+(:func:`nest_to_uniq`), so no dependency is added for it.
+
+Refinement (:meth:`AdaptiveHealpixGrid.adapt`) returns a new grid; :func:`transfer` moves a density from
+one grid to another conservatively (a refined cell's children get its limited linear reconstruction, a
+coarsened parent the area-weighted mean of its children): the mass is exact to round-off and the result
+is non-negative where the density is.
+"""
+from __future__ import annotations
+
+from functools import cached_property
+
+import healpy as hp
+import numpy as np
+
+from .._checks import positive_int
+from ..kernels.fv import OUTFLOW_MARGIN
+from ._healpix_map import FACE_AREA, face_map
+from .base import Grid, incidence, least_squares_stencil
+from .healpix import _EDGES, HealpixGrid, _set_faces, _square_rule, edge_quadrature
+
+__all__ = ["AdaptiveHealpixGrid", "nest_to_uniq", "uniq_to_nest", "transfer"]
+
+#: Widest reconstruction stencil: the 12 pixels of order k + 1 around a cell, each in a distinct leaf.
+STENCIL_WIDTH = 12
+#: Most faces of one cell: 4 edges, each split into 2 sub-faces next to finer cells.
+FACE_WIDTH = 8
+#: Highest order healpy's NESTED functions take (nside 2^29).
+MAX_ORDER = 29
+
+
+def nest_to_uniq(order, ipix) -> np.ndarray:
+    """NUNIQ = 4 * 4^order + ipix of NESTED pixels ``ipix`` at ``order`` (nside = 2^order)."""
+    order = np.asarray(order, np.int64)
+    return (np.int64(4) << (2 * order)) + np.asarray(ipix, np.int64)
+
+
+def uniq_to_nest(uniq):
+    """(order, ipix) of NUNIQ indices: order = floor(log2(uniq / 4) / 2), ipix = uniq - 4 * 4^order."""
+    u = np.asarray(uniq, np.int64)
+    if u.size and u.min() < 4:
+        raise ValueError(f"a NUNIQ index is >= 4, got {int(u.min())}")
+    order = ((np.floor(np.log2(u)).astype(np.int64)) - 2) // 2
+    # floor(log2) in floating point can be off by one for huge values: correct exactly
+    order = np.where((np.int64(4) << (2 * order)) > u, order - 1, order)
+    order = np.where((np.int64(4) << (2 * (order + 1))) <= u, order + 1, order)
+    return order, u - (np.int64(4) << (2 * order))
+
+
+def _order_of(nside: int, name: str) -> int:
+    nside = positive_int(nside, name, minimum=1)
+    k = int(nside).bit_length() - 1
+    if nside != 1 << k or k > MAX_ORDER:
+        raise ValueError(f"{name} must be a power of 2 between 1 and 2^{MAX_ORDER} (NESTED quadtrees), got {nside}")
+    return k
+
+
+class _Leaves:
+    """A sorted set of leaf NUNIQs with lookups by (order, ipix) and by ancestor."""
+
+    def __init__(self, uniq: np.ndarray):
+        self.uniq = np.asarray(uniq, np.int64)
+        self._sorted = np.argsort(self.uniq, kind="stable")
+        self._keys = self.uniq[self._sorted]
+
+    def index(self, uniq) -> np.ndarray:
+        """Leaf index of each NUNIQ, -1 where it is not a leaf."""
+        u = np.asarray(uniq, np.int64)
+        pos = np.searchsorted(self._keys, u)
+        pos = np.minimum(pos, len(self._keys) - 1)
+        hit = self._keys[pos] == u
+        return np.where(hit, self._sorted[pos], -1)
+
+    def containing(self, order, ipix, up: int = 2) -> np.ndarray:
+        """Leaf index of the leaf equal to or containing pixel (order, ipix), looking ``up`` orders up;
+        -1 where none is (the pixel is refined)."""
+        order = np.asarray(order, np.int64)
+        ipix = np.asarray(ipix, np.int64)
+        out = np.full(ipix.shape, -1, np.int64)
+        for j in range(up + 1):
+            todo = out < 0
+            if not todo.any():
+                break
+            o = order - j
+            ok = todo & (o >= 0)
+            idx = self.index(nest_to_uniq(np.maximum(o, 0), ipix >> (2 * j)))
+            out = np.where(ok & (idx >= 0), idx, out)
+        return out
+
+
+def _balance(uniq: np.ndarray, kmin: int, kmax: int) -> np.ndarray:
+    """The coarsest refinement of the tiling ``uniq`` that is 2:1 balanced across edges and corners."""
+    uniq = np.unique(np.asarray(uniq, np.int64))
+    while True:
+        leaves = _Leaves(uniq)
+        order, ipix = uniq_to_nest(uniq)
+        split = np.zeros(len(uniq), bool)
+        # a leaf of order k must be split if a neighbour pixel of order k + 1 around it is refined further
+        # (a leaf of order >= k + 2 touches it)
+        for k in np.unique(order):
+            if k + 2 > kmax:
+                continue
+            sel = np.nonzero(order == k)[0]
+            kids = (ipix[sel, None] << 2) + np.arange(4)  # (n, 4) at order k + 1
+            nb = hp.get_all_neighbours(1 << (k + 1), kids.ravel(), nest=True).T.reshape(len(sel), 32)
+            valid = nb >= 0
+            own = _leaf_or_coarser(leaves, k + 1, np.where(valid, nb, 0), kmax)
+            split[sel] = np.any(valid & (own < 0), axis=1)
+        if not split.any():
+            return uniq
+        o, p = order[split], ipix[split]
+        kids = nest_to_uniq(np.repeat(o + 1, 4), ((p[:, None] << 2) + np.arange(4)).ravel())
+        uniq = np.unique(np.concatenate([uniq[~split], kids]))
+
+
+def _leaf_or_coarser(leaves: _Leaves, order: int, ipix: np.ndarray, kmax: int) -> np.ndarray:
+    """Leaf equal to or containing the pixels of ``order`` (any number of orders up), -1 if refined."""
+    return leaves.containing(np.full(ipix.shape, order, np.int64), ipix, up=order)
+
+
+class AdaptiveHealpixGrid(Grid):
+    """HEALPix cells of mixed orders between ``nside_min`` and ``nside_max`` (a 2:1 balanced quadtree forest).
+
+    Parameters
+    ----------
+    nside_min, nside_max : int
+        Powers of 2, ``nside_min <= nside_max``: the coarsest and the finest cells allowed.
+    uniq : array of int, optional
+        The cells as NUNIQ indices (a complete tiling of the sphere with orders in the allowed range);
+        default: the uniform grid at ``nside_min``. The tiling is refined to 2:1 balance (edges and
+        corners) if it is not balanced.
+    edge_points, cell_order : int
+        As for :class:`~spherepde.grids.healpix.HealpixGrid` (Gauss points per edge, cell quadrature).
+    max_cells : int, optional
+        Refinement (:meth:`adapt`, :meth:`refined_where`) raises ValueError naming ``max_cells`` rather than
+        exceed it.
+
+    Attributes
+    ----------
+    uniq : (N,) NUNIQ of each cell; order : (N,) its order; ipix : (N,) its NESTED index at that order.
+    nside : (N,) the nside of each cell's order (2^order). The arrays of :class:`~spherepde.grids.base.Grid`.
+    """
+
+    dim = 3
+
+    def __init__(self, nside_min: int, nside_max: int, uniq=None, *, edge_points: int = 6, cell_order: int = 4,
+                 max_cells: int | None = None):
+        kmin, kmax = _order_of(nside_min, "nside_min"), _order_of(nside_max, "nside_max")
+        if kmin > kmax:
+            raise ValueError(f"nside_min ({nside_min}) must be <= nside_max ({nside_max})")
+        self.nside_min, self.nside_max = 1 << kmin, 1 << kmax
+        self.order_min, self.order_max = kmin, kmax
+        self.edge_points = positive_int(edge_points, "edge_points", minimum=1)
+        self.cell_order = positive_int(cell_order, "cell_order", minimum=1)
+        self.max_cells = None if max_cells is None else positive_int(max_cells, "max_cells", minimum=12)
+        if uniq is None:
+            uniq = nest_to_uniq(kmin, np.arange(12 << (2 * kmin)))
+        uniq = np.asarray(uniq)
+        if uniq.ndim != 1 or not np.issubdtype(uniq.dtype, np.integer) or uniq.size == 0:
+            raise ValueError("uniq must be a non-empty 1-d array of integer NUNIQ indices")
+        order, _ = uniq_to_nest(uniq)
+        if order.min() < kmin or order.max() > kmax:
+            raise ValueError(f"uniq holds cells of orders {int(order.min())}..{int(order.max())}; the allowed "
+                             f"orders are {kmin}..{kmax} (nside_min {self.nside_min}, nside_max {self.nside_max})")
+        _check_tiling(uniq)
+        uniq = _balance(uniq, kmin, kmax)
+        self._check_size(len(uniq))
+        order, ipix = uniq_to_nest(uniq)
+        # Morton order of the finest level: the first descendant at order kmax
+        key = ipix << (2 * (kmax - order))
+        perm = np.argsort(key, kind="stable")
+        self.uniq, self.order, self.ipix = uniq[perm], order[perm], ipix[perm]
+        self._leaves = _Leaves(self.uniq)
+        self.nside = (np.int64(1) << self.order)
+        N = len(self.uniq)
+        ix, iy, face = np.empty(N, np.int64), np.empty(N, np.int64), np.empty(N, np.int64)
+        centers = np.empty((N, 3))
+        for k in np.unique(self.order):
+            sel = self.order == k
+            ix[sel], iy[sel], face[sel] = hp.pix2xyf(1 << int(k), self.ipix[sel], nest=True)
+            centers[sel] = np.array(hp.pix2vec(1 << int(k), self.ipix[sel], nest=True)).T
+        self._face = face
+        self._h = 1.0 / self.nside.astype(float)
+        self._x0, self._y0 = ix * self._h, iy * self._h
+        self.centers = centers
+        self.areas = FACE_AREA * self._h ** 2  # the face map is equal-area
+        self._build_faces()
+        self.cell_points, self.cell_weights = _square_rule(self.cell_order, face, self._x0, self._y0, self._h)
+        self.xbar = np.einsum("nqd,q->nd", self.cell_points, self.cell_weights)
+        nbrs = self._stencil_neighbours()
+        self.stencil = np.where(nbrs >= 0, nbrs, np.arange(N)[:, None]).astype(np.int32)
+        self.stencil_coef_local, self.tangent_basis = least_squares_stencil(self.xbar, nbrs)
+
+    def __repr__(self):
+        counts = np.bincount(self.order, minlength=self.order_max + 1)[self.order_min:]
+        levels = ", ".join(f"{1 << (self.order_min + i)}: {c}" for i, c in enumerate(counts) if c)
+        return (f"AdaptiveHealpixGrid(nside_min={self.nside_min}, nside_max={self.nside_max}, "
+                f"n_cells={self.n_cells}; cells per nside {{{levels}}})")
+
+    def _check_size(self, n: int):
+        if self.max_cells is not None and n > self.max_cells:
+            raise ValueError(f"the refined grid would have {n} cells, more than max_cells = {self.max_cells}: "
+                             "raise max_cells, lower nside_max or refine less")
+
+    # ------------------------------------------------------------------ faces
+    def _build_faces(self):
+        N = self.n_cells
+        cells = np.arange(N)
+        owners, neighs, parts = [], [], []
+        for k in np.unique(self.order):
+            sel = cells[self.order == k]
+            nb = hp.get_all_neighbours(1 << int(k), self.ipix[sel], nest=True)  # (8, n)
+            for e, fixed, off in _EDGES:
+                q = nb[e]
+                if np.any(q < 0):  # pragma: no cover - healpy guarantees edge neighbours exist
+                    raise RuntimeError("HEALPix edge neighbour missing")
+                same = self._leaves.index(nest_to_uniq(k, q))
+                coarse = self._leaves.index(nest_to_uniq(k - 1, q >> 2)) if k > 0 else np.full(len(q), -1)
+                # same order: once, from the cell first in the cell order; coarser neighbour: from this
+                # (the fine) side; a refined neighbour's children build the sub-faces
+                emit_same = (same >= 0) & (sel < same)
+                emit_coarse = (same < 0) & (coarse >= 0)
+                other = np.where(emit_same, same, coarse)
+                pick = emit_same | emit_coarse
+                p = sel[pick]
+                if not len(p):
+                    continue
+                parts.append(edge_quadrature(self._face[p], self._x0[p], self._y0[p], self._h[p], fixed, off,
+                                             self.edge_points, self.centers[p]))
+                owners.append(p)
+                neighs.append(other[pick])
+        self.owner = np.concatenate(owners).astype(np.int32)
+        self.neighbour = np.concatenate(neighs).astype(np.int32)
+        order = np.lexsort((self.neighbour, self.owner))  # faces in cell order: locality in the kernels
+        self.owner, self.neighbour = self.owner[order], self.neighbour[order]
+        parts = [tuple(np.concatenate([p[i] for p in parts])[order] for i in range(4))]
+        _set_faces(self, parts)
+        self.cell_faces, self.cell_face_sign, count = incidence(self.owner, self.neighbour, N, FACE_WIDTH)
+        if np.any(count < 4):  # pragma: no cover - a broken tiling
+            raise RuntimeError("every cell of an adaptive HEALPix grid has at least four faces")
+
+    def _stencil_neighbours(self) -> np.ndarray:
+        """(N, STENCIL_WIDTH) the leaves touching each cell (edges and corners), -1 padded."""
+        N = self.n_cells
+        out = np.full((N, STENCIL_WIDTH), -1, np.int64)
+        cells = np.arange(N)
+        for k in np.unique(self.order):
+            sel = cells[self.order == k]
+            kids = (self.ipix[sel, None] << 2) + np.arange(4)
+            nb = hp.get_all_neighbours(1 << (int(k) + 1), kids.ravel(), nest=True).T.reshape(len(sel), 32)
+            leaf = _leaf_or_coarser(self._leaves, int(k) + 1, np.where(nb >= 0, nb, 0), self.order_max)
+            leaf = np.where((nb >= 0) & (leaf != sel[:, None]), leaf, -1)
+            if np.any((nb >= 0) & (leaf < 0) & (np.where(nb >= 0, nb, 0) >> 2 != self.ipix[sel, None])):
+                raise RuntimeError("the tiling is not 2:1 balanced across corners")  # pragma: no cover
+            # unique per row, -1 last
+            srt = np.sort(np.where(leaf >= 0, leaf, np.iinfo(np.int64).max), axis=1)
+            dup = np.zeros_like(srt, bool)
+            dup[:, 1:] = srt[:, 1:] == srt[:, :-1]
+            srt = np.where(dup, np.iinfo(np.int64).max, srt)
+            srt = np.sort(srt, axis=1)[:, :STENCIL_WIDTH]
+            out[sel] = np.where(srt == np.iinfo(np.int64).max, -1, srt)
+        return out
+
+    @cached_property
+    def error_blocks(self) -> np.ndarray:
+        """Blocks of sibling cells (the four children of one parent; see :attr:`Grid.error_blocks`): the
+        parent's NUNIQ, numbered; cells of order ``nside_min``'s order 0 are their own block."""
+        parent = np.where(self.order > 0, nest_to_uniq(np.maximum(self.order - 1, 0), self.ipix >> 2), -self.uniq)
+        return np.unique(parent, return_inverse=True)[1].astype(np.int64).ravel()
+
+    # ------------------------------------------------------------ refinement
+    def adapt(self, refine=None, coarsen=None) -> "AdaptiveHealpixGrid":
+        """A new grid with the cells flagged in ``refine`` split into their four children (up to
+        ``nside_max``) and each set of four siblings all flagged in ``coarsen`` (and not in ``refine``)
+        merged into their parent (down to ``nside_min``), then 2:1 balanced (balance wins over coarsening).
+
+        ``refine`` and ``coarsen`` are boolean arrays of length ``n_cells`` or arrays of cell indices.
+        """
+        N = self.n_cells
+        ref = _mask(refine, N, "refine") & (self.order < self.order_max)
+        crs = _mask(coarsen, N, "coarsen") & ~ref & (self.order > self.order_min)
+        uniq = self.uniq
+        # coarsening: a parent all of whose four children are leaves flagged for coarsening
+        parent = nest_to_uniq(np.maximum(self.order - 1, 0), self.ipix >> 2)
+        cand = np.where(crs, parent, -1)
+        vals, counts = np.unique(cand[cand >= 0], return_counts=True)
+        merged = vals[counts == 4]
+        gone = np.isin(cand, merged) & crs
+        o, p = self.order[ref], self.ipix[ref]
+        kids = nest_to_uniq(np.repeat(o + 1, 4), ((p[:, None] << 2) + np.arange(4)).ravel())
+        new = np.concatenate([uniq[~ref & ~gone], kids, merged])
+        balanced = _balance(new, self.order_min, self.order_max)
+        self._check_size(len(balanced))
+        return AdaptiveHealpixGrid(self.nside_min, self.nside_max, balanced, edge_points=self.edge_points,
+                                   cell_order=self.cell_order, max_cells=self.max_cells)
+
+    def refined_where(self, indicator, max_passes: int | None = None) -> "AdaptiveHealpixGrid":
+        """Refine repeatedly where ``indicator(grid) -> bool (n_cells,)`` holds, until it holds nowhere
+        below ``nside_max`` (or ``max_passes`` passes): e.g. a patch, or where an initial density varies."""
+        grid = self
+        passes = self.order_max - self.order_min if max_passes is None else int(max_passes)
+        for _ in range(passes):
+            flag = np.asarray(indicator(grid), bool) & (grid.order < grid.order_max)
+            if flag.shape != (grid.n_cells,):
+                raise ValueError(f"indicator must return a boolean array of shape ({grid.n_cells},), got {flag.shape}")
+            if not flag.any():
+                break
+            grid = grid.adapt(refine=flag)
+        return grid
+
+    # ------------------------------------------------------------ quadrature and sampling
+    def _sub_roots(self):
+        desc = np.stack([self._face, self._x0, self._y0, self._h], axis=1)
+        return desc.astype(float), np.arange(self.n_cells)
+
+    def _sub_rule(self, desc, order: int, root: bool = False):
+        if root and order == self.cell_order and desc.shape[0] == self.n_cells:
+            pts, w = self.cell_points, self.cell_weights
+        else:
+            pts, w = _square_rule(order, desc[:, 0].astype(np.int64), desc[:, 1], desc[:, 2], desc[:, 3])
+        return pts, w[None, :] * (FACE_AREA * desc[:, 3] ** 2)[:, None]
+
+    _sub_children = staticmethod(HealpixGrid._sub_children)
+    _sub_ball = staticmethod(HealpixGrid._sub_ball)
+
+    def cell_average(self, func, order: int | None = None, chunk: int = 65536, *, rtol: float | None = None,
+                     features=None, info: bool = False):
+        """Cell averages (1/|C_i|) int_{C_i} func dA; as :meth:`HealpixGrid.cell_average`."""
+        order = self.cell_order if order is None else positive_int(order, "order")
+        if rtol is not None:
+            avg, inf = self._adaptive_average(func, order, float(rtol), features)
+            return (avg, inf) if info else avg
+        out = np.empty(self.n_cells)
+        for start in range(0, self.n_cells, chunk):
+            cells = np.arange(start, min(start + chunk, self.n_cells))
+            if order == self.cell_order:
+                pts, w = self.cell_points[cells], self.cell_weights
+            else:
+                pts, w = _square_rule(order, self._face[cells], self._x0[cells], self._y0[cells], self._h[cells])
+            vals = np.asarray(func(pts.reshape(-1, 3)), float).reshape(pts.shape[:2])
+            out[cells] = vals @ w
+        if not np.all(np.isfinite(out)):
+            raise ValueError("func returned NaN or inf at some quadrature points")
+        return out
+
+    def sample_in_cells(self, cells, rng=None) -> np.ndarray:
+        """One uniform point in each listed cell (exact: the face map is equal-area); shape (n, 3)."""
+        rng = np.random.default_rng(rng)
+        cells = np.asarray(cells, dtype=np.int64)
+        if cells.size and (cells.min() < 0 or cells.max() >= self.n_cells):
+            raise ValueError(f"cells must be in [0, {self.n_cells}), got range [{cells.min()}, {cells.max()}]")
+        x = self._x0[cells] + rng.random(cells.size) * self._h[cells]
+        y = self._y0[cells] + rng.random(cells.size) * self._h[cells]
+        return face_map(self._face[cells], x, y)
+
+    def cell_of(self, points) -> np.ndarray:
+        """Index of the cell containing each point (n, 3)."""
+        p = np.asarray(points, float)
+        fine = hp.vec2pix(self.nside_max, p[:, 0], p[:, 1], p[:, 2], nest=True)
+        return self._leaves.containing(np.full(fine.shape, self.order_max), fine, up=self.order_max - self.order_min)
+
+    def to_healpix(self, f, nside: int) -> np.ndarray:
+        """Resample cell averages ``f`` conservatively onto a uniform RING map at ``nside`` (a power of 2):
+        a map pixel inside a cell gets the cell's average, a map pixel holding several cells their
+        area-weighted mean. The map's mass sum f |C| equals the grid's to round-off."""
+        k = _order_of(nside, "nside")
+        f = np.asarray(f, float)
+        if f.shape != (self.n_cells,):
+            raise ValueError(f"f must have shape ({self.n_cells},), got {f.shape}")
+        npix = 12 << (2 * k)
+        out = np.zeros(npix)
+        coarse = self.order <= k  # each covers 4^(k - order) map pixels
+        o = self.order[coarse]
+        span = np.int64(1) << (2 * (k - o))
+        first = self.ipix[coarse] << (2 * (k - o))
+        rep = np.repeat(np.arange(len(o)), span)
+        pix = np.repeat(first, span) + (np.arange(rep.size) - np.repeat(np.cumsum(span) - span, span))
+        out[pix] = f[coarse][rep]
+        fine = ~coarse  # several per map pixel: area-weighted mean
+        if fine.any():
+            pix = self.ipix[fine] >> (2 * (self.order[fine] - k))
+            num = np.bincount(pix, f[fine] * self.areas[fine], minlength=npix)
+            out += num / (4 * np.pi / npix)
+        return out[hp.ring2nest(nside, np.arange(npix))]
+
+
+def _check_tiling(uniq):
+    """ValueError unless the NUNIQ cells tile the sphere exactly once (no gaps, no overlaps)."""
+    order, ipix = uniq_to_nest(np.asarray(uniq, np.int64))
+    kmax = int(order.max())
+    shift = 2 * (kmax - order)
+    start = ipix << shift
+    stop = (ipix + 1) << shift
+    srt = np.argsort(start, kind="stable")
+    start, stop = start[srt], stop[srt]
+    total = 12 << (2 * kmax)
+    if start[0] != 0 or stop[-1] != total or np.any(start[1:] != stop[:-1]):
+        raise ValueError("uniq must tile the sphere: every point in exactly one cell (a gap or an overlap "
+                         "was found)")
+
+
+def _mask(sel, n: int, name: str) -> np.ndarray:
+    if sel is None:
+        return np.zeros(n, bool)
+    a = np.asarray(sel)
+    if a.dtype == bool:
+        if a.shape != (n,):
+            raise ValueError(f"{name} must be a boolean array of shape ({n},) or cell indices, got shape {a.shape}")
+        return a.copy()
+    a = a.astype(np.int64).ravel()
+    if a.size and (a.min() < 0 or a.max() >= n):
+        raise ValueError(f"{name} cell indices must be in [0, {n}), got range [{a.min()}, {a.max()}]")
+    out = np.zeros(n, bool)
+    out[a] = True
+    return out
+
+
+def transfer(f, source: AdaptiveHealpixGrid, target: AdaptiveHealpixGrid) -> np.ndarray:
+    """Cell averages ``f`` on ``source`` moved onto ``target`` (two tilings of the same forest), conserving mass.
+
+    A target cell that is a source cell keeps its value. Target cells inside a source cell (refinement,
+    any number of orders) get the source cell's linear reconstruction f_c + theta g_c . (xbar_t - xbar_c')
+    averaged over them, with g_c the least-squares gradient of ``source`` and theta in [0, 1] the largest
+    factor keeping every such child >= 0 (and within [min, max] of the source cell's stencil), and xbar_c'
+    the area-weighted mean of the children's xbar (so the children's mass is the parent's to round-off).
+    A target cell holding several source cells (coarsening) gets their area-weighted mean.
+    """
+    f = np.asarray(f, float)
+    if f.shape != (source.n_cells,):
+        raise ValueError(f"f must have shape ({source.n_cells},), got {f.shape}")
+    kref = max(source.order_max, target.order_max)
+    def ranges(g):
+        sh = 2 * (kref - g.order)
+        return g.ipix << sh, (g.ipix + 1) << sh
+    s0, s1 = ranges(source)
+    t0, t1 = ranges(target)
+    # the source cell containing each target cell's first fine pixel, and vice versa
+    ss = np.argsort(s0)
+    st = np.argsort(t0)
+    # (any two tilings of the forest are comparable through their NESTED ranges at the finer maximum order)
+    src_of_t = ss[np.searchsorted(s0[ss], t0, side="right") - 1]  # source cell with s0 <= t0
+    out = np.empty(target.n_cells)
+    inside = t1 <= s1[src_of_t]  # target cell within (or equal to) a source cell
+    # coarsening: target cells holding several source cells
+    tgt_of_s = st[np.searchsorted(t0[st], s0, side="right") - 1]
+    holds = ~inside
+    if holds.any():
+        contained = holds[tgt_of_s]  # the source cells inside a coarser target cell
+        num = np.bincount(tgt_of_s[contained], f[contained] * source.areas[contained], minlength=target.n_cells)
+        out[holds] = num[holds] / target.areas[holds]
+    if inside.any():
+        parent = src_of_t[inside]
+        kids = np.nonzero(inside)[0]
+        same = source.uniq[parent] == target.uniq[kids]
+        out[kids[same]] = f[parent[same]]
+        kids, parent = kids[~same], parent[~same]
+        if kids.size:
+            grad = np.einsum("nsd,ns->nd", source.stencil_coef, f[source.stencil] - f[:, None])
+            a = target.areas[kids]
+            xc = np.zeros((source.n_cells, 3))
+            for j in range(3):
+                xc[:, j] = np.bincount(parent, a * target.xbar[kids, j], minlength=source.n_cells)
+            area_p = np.bincount(parent, a, minlength=source.n_cells)
+            xc[area_p > 0] /= area_p[area_p > 0, None]
+            dv = np.einsum("nd,nd->n", grad[parent], target.xbar[kids] - xc[parent])
+            # theta: children within [lo, hi] of the parent's stencil and >= 0
+            nbv = f[source.stencil]
+            lo = np.minimum(nbv.min(axis=1), f)  # >= 0 where f is
+            hi = np.maximum(nbv.max(axis=1), f)
+            fp = f[parent]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r = np.where(dv > 0, (hi[parent] - fp) / dv, np.where(dv < 0, (lo[parent] - fp) / dv, np.inf))
+            theta = np.ones(source.n_cells)
+            # a relative margin, as the flux limiter's (kernels.fv.OUTFLOW_MARGIN): a child on its bound
+            # stays on the right side of it after rounding
+            np.minimum.at(theta, parent, np.clip(r * (1.0 - OUTFLOW_MARGIN), 0.0, 1.0))
+            out[kids] = fp + theta[parent] * dv
+    return out
