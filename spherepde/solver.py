@@ -29,6 +29,7 @@ import numpy as np
 from ._checks import finite_float, positive_int, real_array
 from .kernels import fv
 from .models import terms as _terms
+from .models.terms import attention_scale
 from .steppers import STEPPERS, SSPStepper, StepController, register_stepper
 
 __all__ = ["Options", "Result", "Solver", "solve", "STEPPERS", "SSPStepper", "register_stepper", "SCHEMES", "LIMITERS"]
@@ -137,7 +138,9 @@ class Result:
     Attributes
     ----------
     times : (n_saved,) the saved times.
-    density : (n_saved, N) cell averages at the saved times.
+    density : (n_saved, N) cell averages at the saved times; on a grid that changes during the run
+        (:class:`~spherepde.grids.adaptive.AdaptiveHealpixGrid`) a list whose entry i holds the cell
+        averages on ``grid_at(i)``.
     diagnostics : dict of arrays over the steps (length n_steps + 1, at step starts and the end):
         ``time``, ``mass``, ``min``, ``max``, ``sup_div`` (max over cells of the discrete div v),
         ``gronwall`` (min f_0 * exp(-int_0^t sup_div ds), trapezoidal in time), ``dt`` (step sizes),
@@ -145,7 +148,8 @@ class Result:
         :mod:`spherepde.steppers`), ``rejected`` (attempts rejected before the step), ``field_error``
         (``field_interval`` only: the measured relative error of the extrapolated field where it was
         recomputed, else 0); the per-step entries are 0 for the last entry.
-    grid, model, options : what made it. n_steps : int. wall_time : seconds.
+    grid, model, options : what made it (``grid``: the grid of the first saved state). n_steps : int.
+    wall_time : seconds. grids : the grid of each saved state (None: ``grid`` for all).
     """
 
     times: np.ndarray
@@ -157,14 +161,40 @@ class Result:
     n_steps: int
     wall_time: float = 0.0
     metadata: dict = field(default_factory=dict)
+    grids: list | None = None
 
     def at(self, t: float) -> np.ndarray:
         """The saved density at the saved time closest to ``t``."""
         return self.density[int(np.argmin(np.abs(self.times - t)))]
 
+    def grid_at(self, i: int):
+        """The grid of saved state ``i`` (its ``centers`` and ``areas`` go with ``density[i]``)."""
+        n = len(self.times)
+        if not -n <= int(i) < n:
+            raise IndexError(f"saved state {i} does not exist: there are {n} (0..{n - 1})")
+        return self.grid if self.grids is None else self.grids[int(i)]
+
+    def to_healpix(self, i: int, nside: int) -> np.ndarray:
+        """Saved state ``i`` resampled conservatively onto a uniform HEALPix RING map at ``nside``: a map for
+        plots, FITS files and any healpy tool (an adaptive grid's :meth:`to_healpix`; on a HealpixGrid of
+        that nside the state itself, in RING order)."""
+        grid = self.grid_at(i)
+        f = np.asarray(self.density[int(i)], float)
+        if hasattr(grid, "to_healpix"):
+            return grid.to_healpix(f, nside)
+        if getattr(grid, "nside", None) == nside and type(grid).__name__ == "HealpixGrid":
+            return f.copy()
+        raise ValueError(f"to_healpix needs an adaptive HEALPix grid or a HealpixGrid of nside {nside}; the grid "
+                         f"of state {i} is {grid!r}")
+
 
 def _initial_density(grid, f0) -> np.ndarray:
-    if callable(f0):
+    feats = getattr(f0, "features", None)
+    if callable(f0) and feats and hasattr(grid, "_sub_roots"):
+        # narrow features declared as f0.features = [(point, width), ...]: adaptive cell averages, so their
+        # mass is right even where they are narrower than a cell (Grid._adaptive_average)
+        f = real_array(grid.cell_average(f0, rtol=1e-12, features=feats), "f0(x)")
+    elif callable(f0):
         f = real_array(grid.cell_average(f0), "f0(x)")
     else:
         f = real_array(f0, "f0")
@@ -213,7 +243,6 @@ class Solver:
                             f"{type(model).__name__}")
         if getattr(model, "dim", None) != grid.dim:
             raise ValueError(f"model.dim ({getattr(model, 'dim', None)}) must equal grid.dim ({grid.dim})")
-        self.grid = grid
         self.model = model
         self._bounds = _terms.boundaries(model)  # layer starts: every step ends on them
         self._active_key = None  # the layer interval whose resolved model is self._active
@@ -221,10 +250,11 @@ class Solver:
         if hasattr(model, "set_state"):  # a clean history: a model reused from another run gives the same bits
             model.set_state({})
         self.t = finite_float(t0, "t0")
+        if callable(f0):  # a grid that adapts is refined on the initial density before the run (Grid.initial)
+            grid = grid.initial(f0, attention_scale(_terms.resolve(model, self.t)))
         self.f = _initial_density(grid, f0)
         self.n_steps = 0
-        self._padding = None  # (cell, slot) index arrays of the padding slots of cell_faces
-        self._rates_of = None  # the moment set whose rates are in self._last_rates
+        self.n_regrids = 0  # grid changes during the run (Grid.regrid)
         self._history: list[tuple[float, np.ndarray]] = []  # (t, face weights a) for field_interval
         self._circle_phi0 = None  # first cell angle of a uniform, ordered circle grid (FFT attention path)
         if grid.dim == 2 and not model.local and hasattr(grid, "lo"):
@@ -232,15 +262,7 @@ class Solver:
             n = len(phi)
             if np.allclose(np.diff(phi), 2 * np.pi / n, rtol=0, atol=1e-12):
                 self._circle_phi0 = float(phi[0])
-        d = grid.dim
-        N, F = grid.n_cells, grid.n_faces
-        self._g = np.zeros((N, d))  # gradients and face fluxes: limiter="maximum" only
-        self._flux = np.empty(F)
-        self._outflow = None  # per cell and face outflows of the fused stage kernel
-        self._rate = np.empty(N)
-        self._div = np.empty(N)
-        self._buffers = [np.empty(N), np.empty(N)]  # stage outputs; never alias self.f
-        self._extrema = None  # (f, min f, max f) of the state step() just made, for _record
+        self._set_grid(grid)
         self.l0 = float(self.f.min())
         self.diag = {k: [] for k in _DIAG_KEYS}
         self._stepper = STEPPERS[self.options.stepper]
@@ -249,13 +271,48 @@ class Solver:
         self._field_curv = np.inf  # relative second divided difference of the last three fields
         self._field_step = 0  # n_steps at the last field recomputation
         self._field_err = 0.0  # measured extrapolation error at the recomputation of this step
-        self._blocks = None  # (block index per cell, number of blocks) of the error norm
-        self._vtw = {}  # id(head) -> face normals times V of that head (the fused weights kernel)
-        self._diffusion = None  # spherepde.diffusion.DiffusionOperators of the grid, built on first use
         self._clip_warned = False  # the noise's positivity fix has been warned about
         self._activate(self.t)
         self._mom = self._state_moments()  # moments of the current state, reused by step()
         self._record()
+
+    # ------------------------------------------------------------------ the grid in force
+    def _set_grid(self, grid):
+        """Make ``grid`` the grid of the run: every array and cache that belongs to a grid is (re)made here,
+        in one place, for every grid (a grid that adapts changes during the run: :meth:`Grid.regrid`)."""
+        self.grid = grid
+        d = grid.dim
+        N, F = grid.n_cells, grid.n_faces
+        self._g = np.zeros((N, d))  # gradients and face fluxes: limiter="maximum" only
+        self._flux = np.empty(F)
+        self._outflow = None  # per cell and face outflows of the fused stage kernel
+        self._rate = np.empty(N)
+        self._div = np.empty(N)
+        self._buffers = [np.empty(N), np.empty(N)]  # stage outputs; never alias self.f
+        self._padding = None  # (cell, slot) index arrays of the padding slots of cell_faces
+        self._offsets = None  # face point offsets of limiter="maximum"
+        self._rates_of = None  # the moment set whose rates are in self._last_rates
+        self._blocks = None  # (block index per cell, number of blocks) of the error norm
+        self._vtw = {}  # id(head) -> face normals times V of that head (the fused weights kernel)
+        self._diffusion = None  # spherepde.diffusion.DiffusionOperators of the grid, built on first use
+        self._steady_cache = {}  # steady moments live on faces of this grid
+        self._history = []  # extrapolated fields too
+        self._extrema = None  # (f, min f, max f) of the state step() just made, for _record
+
+    def _maybe_regrid(self):
+        """Every ``grid.regrid_interval`` steps, let the grid adapt to the density (:meth:`Grid.regrid`);
+        the density moves conservatively with it. A uniform grid never changes (interval 0)."""
+        every = int(getattr(self.grid, "regrid_interval", 0) or 0)
+        if every <= 0 or self.n_steps % every:
+            return
+        out = self.grid.regrid(self.f, attention_scale(self._active))
+        if out is None:
+            return
+        grid, f = out
+        self.f = f
+        self._set_grid(grid)
+        self._field_curv = np.inf
+        self.n_regrids += 1
 
     # ------------------------------------------------------------------ the model in force
     def _activate(self, t: float, reset: bool = True):
@@ -468,7 +525,7 @@ class Solver:
 
     def _point_offsets(self) -> np.ndarray:
         """X_g - xbar_i for every face Gauss point of every cell, (N, K, G, d) (for limiter="maximum")."""
-        if getattr(self, "_offsets", None) is None:
+        if self._offsets is None:
             g = self.grid
             pts = g.face_points[g.cell_faces]  # (N, K, G, d)
             off = pts - g.xbar[:, None, None, :]
@@ -555,6 +612,7 @@ class Solver:
         self.f = f_new
         self.t = t_land if (t_land is not None and dt == dt_max) else self.t + dt
         self.n_steps += 1
+        self._maybe_regrid()
         self._mom = self._state_moments()
         self._record()
         return dt
@@ -713,6 +771,8 @@ class Solver:
             "t": self.t,
             "f": self.f.copy(),
             "n_steps": self.n_steps,
+            "n_regrids": self.n_regrids,
+            "grid": self.grid.cells_state(),  # {} for a fixed grid; an adaptive grid's cells (NUNIQ)
             "l0": self.l0,
             "diag": {k: list(v) for k, v in self.diag.items()},
             "history": [(t, m.copy()) for t, m in self._history],
@@ -724,6 +784,9 @@ class Solver:
     def set_state(self, state: dict):
         """Restore a :meth:`get_state`; ValueError for a state that is not one of this grid (shape, finite,
         >= 0, the mass its diagnostics recorded), e.g. read from a damaged checkpoint."""
+        if state.get("grid"):  # the cells the run had reached (a grid that adapts)
+            self._set_grid(self.grid.with_cells(state["grid"]))
+        self.n_regrids = int(state.get("n_regrids", 0))
         f = np.array(state["f"], dtype=float)
         if f.shape != (self.grid.n_cells,) or not np.all(np.isfinite(f)) or f.min() < 0.0:
             raise ValueError("the state's density is not one of this grid (shape, finite, >= 0)")
@@ -758,7 +821,9 @@ def solve(grid, model, f0, t_end: float, save_at=None, options: Options | None =
     grid : a spherepde grid (e.g. ``HealpixGrid(nside)``).
     model : a spherepde model (``ZeroTemperature``, ``Attention``, ``Prescribed``).
     f0 : callable ``f0(x) -> (n,)`` (cell-averaged by quadrature) or cell averages of shape (N,).
-        Must be finite, >= 0, with positive mass (it is not renormalised).
+        Must be finite, >= 0, with positive mass (it is not renormalised). A callable may declare narrow
+        features as an attribute ``f0.features = [(point, width), ...]`` (a vMF mean and 1 / sqrt(kappa)):
+        they are then integrated adaptively, and an adaptive grid refines on them before the run.
     t_end : float >= 0.
     save_at : sequence of times in [0, t_end], strictly increasing; default (0, t_end). The step size
         is shortened to land exactly on each.
@@ -795,15 +860,19 @@ def solve(grid, model, f0, t_end: float, save_at=None, options: Options | None =
         if callback is not None:
             callback(s)
 
+    grids = []
     for ts in save:
         solver.advance(ts, _cb)
         saved.append(solver.f.copy())
+        grids.append(solver.grid)
         solver.log_progress()
     solver.advance(t_end, _cb)
     if bar is not None:
         bar.close()
     wall = _time.perf_counter() - start
     log.info("solve: %d steps (%d rejected) to t = %g in %.2f s", solver.n_steps, solver.n_rejected, t_end, wall)
-    return Result(times=save, density=np.array(saved).reshape(len(save), grid.n_cells),
-                  diagnostics=solver.diagnostics(), grid=grid, model=model, options=options,
-                  n_steps=solver.n_steps, wall_time=wall)
+    fixed = all(g is grids[0] for g in grids)
+    first = grids[0] if grids else solver.grid
+    density = np.array(saved).reshape(len(save), first.n_cells) if fixed else saved
+    return Result(times=save, density=density, diagnostics=solver.diagnostics(), grid=first, model=model,
+                  options=options, n_steps=solver.n_steps, wall_time=wall, grids=None if fixed else grids)

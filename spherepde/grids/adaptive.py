@@ -38,18 +38,19 @@ is non-negative where the density is.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import healpy as hp
 import numpy as np
 
-from .._checks import positive_int
+from .._checks import finite_float, positive_int
 from ..kernels.fv import OUTFLOW_MARGIN
 from ._healpix_map import FACE_AREA, face_map
 from .base import Grid, incidence, least_squares_stencil
 from .healpix import _EDGES, HealpixGrid, _set_faces, _square_rule, edge_quadrature
 
-__all__ = ["AdaptiveHealpixGrid", "nest_to_uniq", "uniq_to_nest", "transfer"]
+__all__ = ["AdaptiveHealpixGrid", "Refinement", "nest_to_uniq", "uniq_to_nest", "transfer"]
 
 #: Widest reconstruction stencil: the 12 pixels of order k + 1 around a cell, each in a distinct leaf.
 STENCIL_WIDTH = 12
@@ -148,6 +149,75 @@ def _leaf_or_coarser(leaves: _Leaves, order: int, ipix: np.ndarray, kmax: int) -
     return leaves.containing(np.full(ipix.shape, order, np.int64), ipix, up=order)
 
 
+@dataclass(frozen=True)
+class Refinement:
+    """When an :class:`AdaptiveHealpixGrid` refines and coarsens (during a run, every ``interval`` steps).
+
+    With h_i = sqrt(|C_i|) the cell's size, the variation r_i = (max - min) / max of f over the cell and
+    the cells touching it, and "significant" meaning f >= ``floor`` max f somewhere in that stencil:
+
+    - **refine** where r_i > ``variation`` (and significant): a feature (a cluster, a front) is not resolved;
+      or where h_i beta ||B|| > ``attention`` (and f_i significant): the attention weights vary by more than
+      exp(``attention``) across the cell (:func:`spherepde.models.terms.attention_scale`), then ``buffer``
+      rings of touching cells around every refined cell (features move between regrids);
+    - **coarsen** four siblings where all are negligible (their stencils below the floor), or all smooth
+      (r_i < ``coarsen`` x ``variation`` and 2 h_i beta ||B|| <= ``attention``: the parent would not be
+      refined again at once), never within the buffer of a refined cell.
+
+    Parameters
+    ----------
+    variation : float, default 0.25
+    attention : float, default 0.5
+    floor : float, default 1e-4
+        Relative to max f: below it a cell is negligible (it is coarsened, never refined).
+    coarsen : float, default 0.25
+    buffer : int, default 2
+    interval : int, default 4
+        Steps between regrids. At CFL 0.4 a feature moves at most 1.6 cells in 4 steps, within a
+        buffer of 2 rings.
+    """
+
+    variation: float = 0.25
+    attention: float = 0.5
+    floor: float = 1e-4
+    coarsen: float = 0.25
+    buffer: int = 2
+    interval: int = 4
+
+    def __post_init__(self):
+        for name in ("variation", "attention", "floor", "coarsen"):
+            object.__setattr__(self, name, finite_float(getattr(self, name), f"Refinement.{name}", low=0.0))
+        if not (self.variation > 0 and self.coarsen < 1):
+            raise ValueError(f"Refinement.variation must be > 0 and coarsen < 1, got {self.variation}, {self.coarsen}")
+        object.__setattr__(self, "buffer", positive_int(self.buffer, "Refinement.buffer", minimum=0))
+        object.__setattr__(self, "interval", positive_int(self.interval, "Refinement.interval", minimum=0))
+
+    def flags(self, grid: "AdaptiveHealpixGrid", f, scale: float = 0.0):
+        """(refine, coarsen) boolean arrays over the cells of ``grid`` for the density ``f``."""
+        f = np.asarray(f, float)
+        nb = f[grid.stencil]  # (N, S): the stencil pads with the cell itself
+        hi = np.maximum(nb.max(axis=1), f)
+        lo = np.minimum(nb.min(axis=1), f)
+        fmax = float(f.max())
+        floor = self.floor * fmax
+        with np.errstate(divide="ignore", invalid="ignore"):
+            var = np.where(hi > 0, (hi - lo) / hi, 0.0)
+        significant = hi >= floor if fmax > 0 else np.zeros(grid.n_cells, bool)
+        h = np.sqrt(grid.areas)
+        att = h * scale
+        refine = significant & (var > self.variation)
+        if scale > 0:
+            refine |= (f >= floor) & (att > self.attention) & (fmax > 0)
+        near = refine.copy()
+        for _ in range(self.buffer):
+            near |= near[grid.stencil].any(axis=1)
+        refine = near & (grid.order < grid.order_max)
+        negligible = ~significant
+        smooth = (var < self.coarsen * self.variation) & (2.0 * att <= self.attention)
+        coarsen = ~near & (negligible | smooth)
+        return refine, coarsen
+
+
 class AdaptiveHealpixGrid(Grid):
     """HEALPix cells of mixed orders between ``nside_min`` and ``nside_max`` (a 2:1 balanced quadtree forest).
 
@@ -164,6 +234,10 @@ class AdaptiveHealpixGrid(Grid):
     max_cells : int, optional
         Refinement (:meth:`adapt`, :meth:`refined_where`) raises ValueError naming ``max_cells`` rather than
         exceed it.
+    refinement : Refinement or False, optional
+        How the grid adapts in a run (default ``Refinement()``): refined on a callable initial density before
+        the run, then regridded every ``refinement.interval`` steps. ``False``: the cells stay as given (a
+        static patch).
 
     Attributes
     ----------
@@ -174,7 +248,7 @@ class AdaptiveHealpixGrid(Grid):
     dim = 3
 
     def __init__(self, nside_min: int, nside_max: int, uniq=None, *, edge_points: int = 6, cell_order: int = 4,
-                 max_cells: int | None = None):
+                 max_cells: int | None = None, refinement: Refinement | None = None, _reuse=None):
         kmin, kmax = _order_of(nside_min, "nside_min"), _order_of(nside_max, "nside_max")
         if kmin > kmax:
             raise ValueError(f"nside_min ({nside_min}) must be <= nside_max ({nside_max})")
@@ -183,6 +257,11 @@ class AdaptiveHealpixGrid(Grid):
         self.edge_points = positive_int(edge_points, "edge_points", minimum=1)
         self.cell_order = positive_int(cell_order, "cell_order", minimum=1)
         self.max_cells = None if max_cells is None else positive_int(max_cells, "max_cells", minimum=12)
+        self.refinement = Refinement() if refinement is None else refinement
+        if self.refinement is not False and not isinstance(self.refinement, Refinement):
+            raise TypeError(f"refinement must be a spherepde.grids.adaptive.Refinement or False (the cells stay as "
+                            f"given), got {type(self.refinement).__name__}")
+        self.regrid_interval = self.refinement.interval if (self.refinement and kmax > kmin) else 0
         if uniq is None:
             uniq = nest_to_uniq(kmin, np.arange(12 << (2 * kmin)))
         uniq = np.asarray(uniq)
@@ -192,8 +271,9 @@ class AdaptiveHealpixGrid(Grid):
         if order.min() < kmin or order.max() > kmax:
             raise ValueError(f"uniq holds cells of orders {int(order.min())}..{int(order.max())}; the allowed "
                              f"orders are {kmin}..{kmax} (nside_min {self.nside_min}, nside_max {self.nside_max})")
-        _check_tiling(uniq)
-        uniq = _balance(uniq, kmin, kmax)
+        if _reuse is None:  # (adapt hands over a balanced tiling, and the grid it came from)
+            _check_tiling(uniq)
+            uniq = _balance(uniq, kmin, kmax)
         self._check_size(len(uniq))
         order, ipix = uniq_to_nest(uniq)
         # Morton order of the finest level: the first descendant at order kmax
@@ -203,19 +283,37 @@ class AdaptiveHealpixGrid(Grid):
         self._leaves = _Leaves(self.uniq)
         self.nside = (np.int64(1) << self.order)
         N = len(self.uniq)
+        # geometry of the cells and faces that the grid this one was adapted from already has is copied
+        # (a regrid changes few cells; the rest is bit-identical work)
+        if _reuse is not None and (_reuse.edge_points, _reuse.cell_order) != (self.edge_points, self.cell_order):
+            _reuse = None
+        old = _reuse._leaves.index(self.uniq) if _reuse is not None else np.full(N, -1)
+        have = old >= 0
+        new = ~have
         ix, iy, face = np.empty(N, np.int64), np.empty(N, np.int64), np.empty(N, np.int64)
         centers = np.empty((N, 3))
         for k in np.unique(self.order):
             sel = self.order == k
             ix[sel], iy[sel], face[sel] = hp.pix2xyf(1 << int(k), self.ipix[sel], nest=True)
-            centers[sel] = np.array(hp.pix2vec(1 << int(k), self.ipix[sel], nest=True)).T
         self._face = face
         self._h = 1.0 / self.nside.astype(float)
         self._x0, self._y0 = ix * self._h, iy * self._h
-        self.centers = centers
         self.areas = FACE_AREA * self._h ** 2  # the face map is equal-area
-        self._build_faces()
-        self.cell_points, self.cell_weights = _square_rule(self.cell_order, face, self._x0, self._y0, self._h)
+        q = 2 * self.cell_order ** 2
+        self.cell_points = np.empty((N, q, 3))
+        if have.any():
+            centers[have] = _reuse.centers[old[have]]
+            self.cell_points[have] = _reuse.cell_points[old[have]]
+        for k in np.unique(self.order[new]):
+            sel = new & (self.order == k)
+            centers[sel] = np.array(hp.pix2vec(1 << int(k), self.ipix[sel], nest=True)).T
+        if new.any():
+            self.cell_points[new], self.cell_weights = _square_rule(self.cell_order, face[new], self._x0[new],
+                                                                    self._y0[new], self._h[new])
+        else:
+            self.cell_weights = _reuse.cell_weights
+        self.centers = centers
+        self._build_faces(_reuse)
         self.xbar = np.einsum("nqd,q->nd", self.cell_points, self.cell_weights)
         nbrs = self._stencil_neighbours()
         self.stencil = np.where(nbrs >= 0, nbrs, np.arange(N)[:, None]).astype(np.int32)
@@ -233,14 +331,14 @@ class AdaptiveHealpixGrid(Grid):
                              "raise max_cells, lower nside_max or refine less")
 
     # ------------------------------------------------------------------ faces
-    def _build_faces(self):
+    def _build_faces(self, reuse=None):
         N = self.n_cells
         cells = np.arange(N)
-        owners, neighs, parts = [], [], []
+        owners, neighs, edges = [], [], []
         for k in np.unique(self.order):
             sel = cells[self.order == k]
             nb = hp.get_all_neighbours(1 << int(k), self.ipix[sel], nest=True)  # (8, n)
-            for e, fixed, off in _EDGES:
+            for j, (e, _, _) in enumerate(_EDGES):
                 q = nb[e]
                 if np.any(q < 0):  # pragma: no cover - healpy guarantees edge neighbours exist
                     raise RuntimeError("HEALPix edge neighbour missing")
@@ -250,21 +348,38 @@ class AdaptiveHealpixGrid(Grid):
                 # (the fine) side; a refined neighbour's children build the sub-faces
                 emit_same = (same >= 0) & (sel < same)
                 emit_coarse = (same < 0) & (coarse >= 0)
-                other = np.where(emit_same, same, coarse)
                 pick = emit_same | emit_coarse
-                p = sel[pick]
-                if not len(p):
-                    continue
-                parts.append(edge_quadrature(self._face[p], self._x0[p], self._y0[p], self._h[p], fixed, off,
-                                             self.edge_points, self.centers[p]))
-                owners.append(p)
-                neighs.append(other[pick])
-        self.owner = np.concatenate(owners).astype(np.int32)
-        self.neighbour = np.concatenate(neighs).astype(np.int32)
-        order = np.lexsort((self.neighbour, self.owner))  # faces in cell order: locality in the kernels
-        self.owner, self.neighbour = self.owner[order], self.neighbour[order]
-        parts = [tuple(np.concatenate([p[i] for p in parts])[order] for i in range(4))]
-        _set_faces(self, parts)
+                owners.append(sel[pick])
+                neighs.append(np.where(emit_same, same, coarse)[pick])
+                edges.append(np.full(int(pick.sum()), j, np.int8))
+        owner, neigh, edge = np.concatenate(owners), np.concatenate(neighs), np.concatenate(edges)
+        order = np.lexsort((neigh, owner))  # faces in cell order: locality in the kernels
+        owner, neigh, edge = owner[order], neigh[order], edge[order]
+        self.owner, self.neighbour = owner.astype(np.int32), neigh.astype(np.int32)
+        # a face's geometry is that of edge `edge` of its owner (the fine side): keyed by (owner NUNIQ, edge)
+        self._face_key = self.uniq[owner] * 4 + edge
+        F, G = len(owner), self.edge_points
+        arrays = (np.empty((F, G, 3)), np.empty((F, G, 3)), np.empty((F, 3)), np.empty((F, 2, 3)))
+        todo = np.ones(F, bool)
+        if reuse is not None:
+            srt = np.argsort(reuse._face_key)
+            pos = np.minimum(np.searchsorted(reuse._face_key[srt], self._face_key), len(srt) - 1)
+            src = srt[pos]
+            hit = reuse._face_key[src] == self._face_key
+            for a, b in zip(arrays, (reuse.face_points, reuse.face_normals, reuse._face_mid, reuse.face_ends)):
+                a[hit] = b[src[hit]]
+            todo = ~hit
+        for j, (_, fixed, off) in enumerate(_EDGES):
+            sel = np.nonzero(todo & (edge == j))[0]
+            if not len(sel):
+                continue
+            p = owner[sel]
+            part = edge_quadrature(self._face[p], self._x0[p], self._y0[p], self._h[p], fixed, off,
+                                   self.edge_points, self.centers[p])
+            for a, b in zip(arrays, part):
+                a[sel] = b
+        self._face_mid = arrays[2]
+        _set_faces(self, [arrays])
         self.cell_faces, self.cell_face_sign, count = incidence(self.owner, self.neighbour, N, FACE_WIDTH)
         if np.any(count < 4):  # pragma: no cover - a broken tiling
             raise RuntimeError("every cell of an adaptive HEALPix grid has at least four faces")
@@ -321,8 +436,56 @@ class AdaptiveHealpixGrid(Grid):
         new = np.concatenate([uniq[~ref & ~gone], kids, merged])
         balanced = _balance(new, self.order_min, self.order_max)
         self._check_size(len(balanced))
-        return AdaptiveHealpixGrid(self.nside_min, self.nside_max, balanced, edge_points=self.edge_points,
-                                   cell_order=self.cell_order, max_cells=self.max_cells)
+        return self._with(balanced)
+
+    def _with(self, uniq, balanced: bool = True) -> "AdaptiveHealpixGrid":
+        """The grid of the cells ``uniq`` (``self`` if they are this grid's), reusing this grid's geometry."""
+        uniq = np.asarray(uniq, np.int64)
+        if len(uniq) == self.n_cells and np.array_equal(np.sort(uniq), np.sort(self.uniq)):
+            return self
+        return AdaptiveHealpixGrid(self.nside_min, self.nside_max, uniq, edge_points=self.edge_points,
+                                   cell_order=self.cell_order, max_cells=self.max_cells, refinement=self.refinement,
+                                   _reuse=self if balanced else None)
+
+    # ------------------------------------------------------------ the grid contract of a changing grid
+    def initial(self, f0, attention_scale: float = 0.0) -> "AdaptiveHealpixGrid":
+        """Refine on the initial density ``f0(x)`` by the :attr:`refinement` criteria, from this grid, until
+        they ask for nothing more (refinement only; the averages are recomputed from ``f0`` on every pass,
+        so a narrow feature's mass is integrated on its fine cells). Features narrower than the quadrature
+        nodes of a coarse cell are found when ``f0`` declares them, ``f0.features = [(point, width), ...]``
+        (adaptive quadrature, :meth:`cell_average` with ``features``)."""
+        grid = self
+        if not self.refinement:
+            return grid
+        feats = getattr(f0, "features", None) or None
+        for _ in range(self.order_max - self.order_min + 1):
+            if feats:  # declared narrow features (f0.features): adaptive averages, which cannot miss them
+                f = np.maximum(grid.cell_average(f0, rtol=1e-10, features=feats), 0.0)
+            else:
+                f = np.maximum(grid.cell_average(f0), 0.0)
+            ref, _ = grid.refinement.flags(grid, f, attention_scale)
+            if not ref.any():
+                break
+            grid = grid.adapt(refine=ref)
+        return grid
+
+    def regrid(self, f, attention_scale: float = 0.0):
+        """``(new grid, f transferred)`` by the :attr:`refinement` criteria, None when the cells stay."""
+        if not self.refinement:
+            return None
+        ref, crs = self.refinement.flags(self, f, attention_scale)
+        if not ref.any() and not crs.any():
+            return None
+        new = self.adapt(refine=ref, coarsen=crs)
+        if new is self:
+            return None
+        return new, transfer(f, self, new)
+
+    def cells_state(self) -> dict:
+        return {"uniq": self.uniq.copy()}
+
+    def with_cells(self, state: dict) -> "AdaptiveHealpixGrid":
+        return self._with(np.asarray(state["uniq"], np.int64), balanced=False) if "uniq" in state else self
 
     def refined_where(self, indicator, max_passes: int | None = None) -> "AdaptiveHealpixGrid":
         """Refine repeatedly where ``indicator(grid) -> bool (n_cells,)`` holds, until it holds nowhere

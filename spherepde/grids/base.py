@@ -69,6 +69,27 @@ class Grid:
     stencil_coef_local: np.ndarray
     tangent_basis: np.ndarray
 
+    #: Steps between the solver's calls of :meth:`regrid`; 0: the grid never changes during a run.
+    regrid_interval: int = 0
+
+    def initial(self, f0, attention_scale: float = 0.0) -> "Grid":
+        """The grid a run from the initial density ``f0(x)`` starts on: ``self`` for a fixed grid; an adaptive
+        grid refines where ``f0`` needs it (:meth:`spherepde.grids.adaptive.AdaptiveHealpixGrid.initial`)."""
+        return self
+
+    def regrid(self, f, attention_scale: float = 0.0):
+        """``(new grid, f on it)`` when the grid adapts to the density ``f``, else None (a fixed grid: always).
+        The solver calls it every :attr:`regrid_interval` steps and remakes its grid arrays in one place."""
+        return None
+
+    def cells_state(self) -> dict:
+        """What a checkpoint needs to rebuild this grid's cells ({} for a fixed grid; see :meth:`with_cells`)."""
+        return {}
+
+    def with_cells(self, state: dict) -> "Grid":
+        """The grid with the cells of a :meth:`cells_state` (``self`` for a fixed grid)."""
+        return self
+
     @property
     def n_cells(self) -> int:
         return self.centers.shape[0]

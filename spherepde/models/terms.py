@@ -43,7 +43,7 @@ from .._checks import as_points, finite_float, real_array
 from .base import Model, tangent_project
 
 __all__ = ["Sum", "MultiHead", "FeedForward", "Layers", "Noise", "ACTIVATIONS", "resolve", "decompose",
-           "boundaries", "interval_index", "describe", "noise_diffusivity"]
+           "boundaries", "interval_index", "describe", "noise_diffusivity", "attention_scale"]
 
 
 def _relu(z):
@@ -437,3 +437,17 @@ def describe(model) -> str:
     if isinstance(model, Noise):
         return f"Noise({model.sigma:g})"
     return type(model).__name__
+
+
+def attention_scale(model) -> float:
+    """The attention's angular scale of a resolved model: max over its heads of beta_h ||B_h||_2 (the largest
+    concentration of the kernel exp(beta <x, B y>)), 0 without a finite-temperature head. An adaptive grid
+    refines where a cell's size times this exceeds its threshold (:class:`spherepde.grids.adaptive.Refinement`):
+    across such a cell the attention weights vary by a factor exp(beta ||B|| h)."""
+    scale = 0.0
+    for _, head in decompose(model)[1]:
+        beta, B = getattr(head, "beta", None), getattr(head, "B", None)
+        if beta is None or B is None or not np.isfinite(beta):
+            continue
+        scale = max(scale, float(beta) * float(np.linalg.norm(np.asarray(B, float), 2)))
+    return scale
