@@ -8,18 +8,7 @@ from scipy.spatial.transform import Rotation
 import spherepde as sp
 from spherepde.grids.adaptive import AdaptiveHealpixGrid, nest_to_uniq, transfer, uniq_to_nest
 from spherepde.grids.healpix import _EDGES, edge_quadrature
-
-M = np.array([[0.3, 1.0, 0.2], [-0.5, 0.1, 0.7], [0.4, -0.2, -0.6]])
-
-
-def lin_field(x):
-    mx = x @ M.T
-    return mx - np.einsum("ij,ij->i", x, mx)[:, None] * x
-
-
-def lin_div(x):  # div_S P_x(M x) = tr M - 3 <x, M x> on S^2
-    return np.trace(M) - 3 * np.einsum("ij,ij->i", x, x @ M.T)
-
+from test_healpix import lin_div, lin_field  # the linear tangent field and its exact divergence
 
 def cap(c, cos):
     c = np.asarray(c, float) / np.linalg.norm(c)
@@ -328,3 +317,30 @@ def test_resume_on_a_changing_grid_is_bit_for_bit():
     assert ref.n_regrids > 5 and other.n_regrids == ref.n_regrids
     assert np.array_equal(other.grid.uniq, ref.grid.uniq)
     assert np.array_equal(other.f, ref.f)
+
+
+def test_refinement_flags_follow_the_criteria():
+    """The default criteria on nside 8 cells: a constant density asks for no refinement and coarsens
+    everything; a bump refines the cells whose stencil varies by > 25 % and the 2 rings of buffer around
+    them, coarsens none of those; the attention criterion refines every cell holding mass once
+    h beta ||B|| > 0.5 and none below."""
+    from spherepde.grids.adaptive import Refinement
+
+    g = AdaptiveHealpixGrid(8, 64)
+    r = Refinement()
+    ref, crs = r.flags(g, np.ones(g.n_cells))
+    assert not ref.any() and crs.all()
+    c = np.array([0.0, 0.6, 0.8])
+    f = g.cell_average(lambda x: np.exp(40 * (x @ c - 1)))
+    ref, crs = r.flags(g, f)
+    nb = f[g.stencil]
+    var = (np.maximum(nb.max(1), f) - np.minimum(nb.min(1), f)) / np.maximum(nb.max(1), f)
+    core = (var > 0.25) & (np.maximum(nb.max(1), f) >= 1e-4 * f.max())
+    ring1 = core | core[g.stencil].any(axis=1)
+    ring2 = ring1 | ring1[g.stencil].any(axis=1)
+    assert np.array_equal(ref, ring2) and not (crs & ring2).any()
+    assert ring2.sum() > core.sum() > 0
+    h = np.sqrt(g.areas[0])  # 0.128: beta ||B|| h = 0.5 at beta ||B|| = 3.9
+    ref_lo, _ = r.flags(g, np.ones(g.n_cells), 0.49 / h)
+    ref_hi, _ = r.flags(g, np.ones(g.n_cells), 0.51 / h)
+    assert not ref_lo.any() and ref_hi.all()

@@ -38,7 +38,7 @@ is non-negative where the density is.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 
 import healpy as hp
@@ -506,35 +506,16 @@ class AdaptiveHealpixGrid(Grid):
         desc = np.stack([self._face, self._x0, self._y0, self._h], axis=1)
         return desc.astype(float), np.arange(self.n_cells)
 
-    def _sub_rule(self, desc, order: int, root: bool = False):
-        if root and order == self.cell_order and desc.shape[0] == self.n_cells:
-            pts, w = self.cell_points, self.cell_weights
-        else:
-            pts, w = _square_rule(order, desc[:, 0].astype(np.int64), desc[:, 1], desc[:, 2], desc[:, 3])
-        return pts, w[None, :] * (FACE_AREA * desc[:, 3] ** 2)[:, None]
-
+    _sub_rule = HealpixGrid._sub_rule
     _sub_children = staticmethod(HealpixGrid._sub_children)
     _sub_ball = staticmethod(HealpixGrid._sub_ball)
 
-    def cell_average(self, func, order: int | None = None, chunk: int = 65536, *, rtol: float | None = None,
-                     features=None, info: bool = False):
-        """Cell averages (1/|C_i|) int_{C_i} func dA; as :meth:`HealpixGrid.cell_average`."""
-        order = self.cell_order if order is None else positive_int(order, "order")
-        if rtol is not None:
-            avg, inf = self._adaptive_average(func, order, float(rtol), features)
-            return (avg, inf) if info else avg
-        out = np.empty(self.n_cells)
-        for start in range(0, self.n_cells, chunk):
-            cells = np.arange(start, min(start + chunk, self.n_cells))
-            if order == self.cell_order:
-                pts, w = self.cell_points[cells], self.cell_weights
-            else:
-                pts, w = _square_rule(order, self._face[cells], self._x0[cells], self._y0[cells], self._h[cells])
-            vals = np.asarray(func(pts.reshape(-1, 3)), float).reshape(pts.shape[:2])
-            out[cells] = vals @ w
-        if not np.all(np.isfinite(out)):
-            raise ValueError("func returned NaN or inf at some quadrature points")
-        return out
+    def _cell_quadrature(self, order: int, cells=None):
+        """Quadrature points and weights of the listed cells (the HealpixGrid rule on each cell's square)."""
+        cells = np.arange(self.n_cells) if cells is None else cells
+        return _square_rule(order, self._face[cells], self._x0[cells], self._y0[cells], self._h[cells])
+
+    cell_average = HealpixGrid.cell_average
 
     def sample_in_cells(self, cells, rng=None) -> np.ndarray:
         """One uniform point in each listed cell (exact: the face map is equal-area); shape (n, 3)."""
