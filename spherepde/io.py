@@ -295,6 +295,10 @@ def versions() -> dict:
 
 
 def _grid_attrs(grid) -> dict:
+    if hasattr(grid, "uniq"):  # cells that change per saved state: a results layout of their own (issue #16)
+        raise ValueError("results files do not store adaptive HEALPix grids yet (one cell set per saved state, "
+                         "issue #16 item 6): write res.to_healpix(i, nside) maps (write_fits takes them) or keep "
+                         "res.grid_at(i).uniq with res.density[i]")
     a = {"dim": int(grid.dim), "n_cells": int(grid.n_cells), "class": type(grid).__name__}
     if hasattr(grid, "nside"):
         a.update(type="healpix", nside=int(grid.nside), order="RING")

@@ -344,3 +344,11 @@ def test_refinement_flags_follow_the_criteria():
     ref_lo, _ = r.flags(g, np.ones(g.n_cells), 0.49 / h)
     ref_hi, _ = r.flags(g, np.ones(g.n_cells), 0.51 / h)
     assert not ref_lo.any() and ref_hi.all()
+
+
+def test_results_file_refuses_an_adaptive_run_with_a_clear_error(tmp_path):
+    """Not written yet (issue #16 item 6): the error names the limitation and the way out, not a TypeError."""
+    res = sp.solve(AdaptiveHealpixGrid(4, 8), sp.Prescribed.rigid_rotation([1.0, 0.0, 0.0]),
+                   lambda x: np.exp(10 * (x[:, 2] - 1)), 0.2)
+    with pytest.raises(ValueError, match="adaptive HEALPix grids yet"):
+        sp.save_result(res, tmp_path / "r.h5")
