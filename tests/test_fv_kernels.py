@@ -305,12 +305,22 @@ def test_face_side_moments_every_dimension(grid):
         assert (grid.cell_face_sign == 0).any()  # the case covers padding slots
 
 
-def test_stage_update_generic_loop_matches_twins():
-    """The generic loop of the stage kernel (trip counts from the arrays: a tensor grid of S^2, whose
-    stencils and face lists differ from HEALPix's 8 and 4) against the same NumPy twins."""
+def _adaptive_grid():
+    from spherepde.grids.adaptive import AdaptiveHealpixGrid
+
+    g = AdaptiveHealpixGrid(4, 16, refinement=False).refined_where(lambda gr: gr.centers[:, 2] > 0.5)
+    assert (g.stencil.shape[1], g.cell_faces.shape[1]) == (12, 8)  # the adaptive branch, constant trips
+    return g
+
+
+@pytest.mark.parametrize("grid_kind", ["tensor", "adaptive"])
+def test_stage_update_generic_loop_matches_twins(grid_kind):
+    """The stage kernel's loops other than HEALPix's (trip counts from the arrays: a tensor grid of S^2,
+    whose stencils and face lists differ from HEALPix's 8 and 4; and the adaptive HEALPix grid's 12 and 8,
+    mixed cells with per-cell areas) against the same NumPy twins."""
     from spherepde.grids import TensorGrid
 
-    g = TensorGrid(3, 8)
+    g = TensorGrid(3, 8) if grid_kind == "tensor" else _adaptive_grid()
     assert (g.stencil.shape[1], g.cell_faces.shape[1]) != (8, 4)
     model = ZeroTemperature(np.array([[1.0, 0.3, 0.0], [0.1, -1.0, 0.2], [0.0, 0.4, 0.8]]), np.eye(3))
     F, G, d = g.face_points.shape

@@ -461,6 +461,13 @@ def stage_update(fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alp
         for i in prange(N):
             _cell_net(i, fa, fb, inflow_off, outflow, r, alpha, out, K, limit)
         return
+    if S == 12 and K == 8 and DL == 2 and linear and limit:  # adaptive HEALPix, the default scheme: constant trips
+        for i in prange(N):
+            _cell_outflows(i, fb, stencil_off, coef, cls[i], side, (1.0 - OUTFLOW_MARGIN) * area[i] / dt, True,
+                           True, outflow, 12, 8, 2)
+        for i in prange(N):
+            _cell_net(i, fa, fb, inflow_off, outflow, dt / area[i], alpha, out, 8, True)
+        return
     for i in prange(N):
         _cell_outflows(i, fb, stencil_off, coef, cls[i], side, (1.0 - OUTFLOW_MARGIN) * area[i] / dt, linear,
                        limit, outflow, S, K, DL)
