@@ -47,7 +47,7 @@ import numpy as np
 from .._checks import finite_float, positive_int
 from ..kernels.fv import OUTFLOW_MARGIN
 from ._healpix_map import FACE_AREA, face_map
-from .base import Grid, incidence, least_squares_stencil
+from .base import Grid, incidence, least_squares_stencil, tangent_frames
 from .healpix import _EDGES, HealpixGrid, _set_faces, _square_rule, edge_quadrature
 
 __all__ = ["AdaptiveHealpixGrid", "Refinement", "nest_to_uniq", "uniq_to_nest", "transfer"]
@@ -317,7 +317,18 @@ class AdaptiveHealpixGrid(Grid):
         self.xbar = np.einsum("nqd,q->nd", self.cell_points, self.cell_weights)
         nbrs = self._stencil_neighbours()
         self.stencil = np.where(nbrs >= 0, nbrs, np.arange(N)[:, None]).astype(np.int32)
-        self.stencil_coef_local, self.tangent_basis = least_squares_stencil(self.xbar, nbrs)
+        # a cell whose stencil is the same cells as in the grid adapted from keeps its coefficients
+        self._stencil_uniq = np.where(nbrs >= 0, self.uniq[np.maximum(nbrs, 0)], -1)
+        same = np.zeros(N, bool)
+        if _reuse is not None and have.any():
+            same[have] = np.all(_reuse._stencil_uniq[old[have]] == self._stencil_uniq[have], axis=1)
+        self.tangent_basis = tangent_frames(self.xbar)
+        self.stencil_coef_local = np.empty((N, STENCIL_WIDTH, 2))
+        self.stencil_coef_local[same] = _reuse.stencil_coef_local[old[same]] if same.any() else 0.0
+        rows = np.nonzero(~same)[0]
+        if rows.size:
+            self.stencil_coef_local[rows] = least_squares_stencil(self.xbar, nbrs[rows], self.tangent_basis[rows],
+                                                                  rows=rows)[0]
 
     def __repr__(self):
         counts = np.bincount(self.order, minlength=self.order_max + 1)[self.order_min:]

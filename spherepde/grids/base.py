@@ -360,7 +360,8 @@ def incidence(owner: np.ndarray, neighbour: np.ndarray, n_cells: int, width: int
     return faces, sign, count
 
 
-def least_squares_stencil(xbar: np.ndarray, neighbours: np.ndarray, basis: np.ndarray | None = None):
+def least_squares_stencil(xbar: np.ndarray, neighbours: np.ndarray, basis: np.ndarray | None = None,
+                          rows: np.ndarray | None = None):
     """Coefficients of the least-squares gradient in the tangent plane at each cell, in a tangent frame.
 
     Parameters
@@ -369,6 +370,9 @@ def least_squares_stencil(xbar: np.ndarray, neighbours: np.ndarray, basis: np.nd
     neighbours : (N, S) neighbour indices, -1 where absent.
     basis : (N, d-1, d), optional
         Orthonormal tangent frames at xbar / |xbar|; default :func:`tangent_frames`.
+    rows : (n,) int array, optional
+        Only these cells (``neighbours`` and ``basis`` then hold their n rows; ``xbar`` stays all N): what
+        a grid that changes in a few cells recomputes (:class:`~spherepde.grids.adaptive.AdaptiveHealpixGrid`).
 
     Returns
     -------
@@ -387,10 +391,11 @@ def least_squares_stencil(xbar: np.ndarray, neighbours: np.ndarray, basis: np.nd
     """
     N, S = neighbours.shape
     present = neighbours >= 0
-    nb = np.where(present, neighbours, np.arange(N)[:, None])
-    diff = xbar[nb] - xbar[:, None, :]  # (N, S, d)
+    centre = xbar if rows is None else xbar[rows]
+    nb = np.where(present, neighbours, (np.arange(N) if rows is None else rows)[:, None])
+    diff = xbar[nb] - centre[:, None, :]  # (N, S, d)
     if basis is None:
-        basis = tangent_frames(xbar)
+        basis = tangent_frames(centre)
     local = np.einsum("nsd,ntd->nst", diff, basis)  # (N, S, d-1)
     dist2 = np.einsum("nsd,nsd->ns", diff, diff)
     w = np.where(present, 1.0 / np.where(dist2 > 0, dist2, 1.0), 0.0)
