@@ -250,7 +250,7 @@ class Solver:
         if hasattr(model, "set_state"):  # a clean history: a model reused from another run gives the same bits
             model.set_state({})
         self.t = finite_float(t0, "t0")
-        if callable(f0):  # a grid that adapts is refined on the initial density before the run (Grid.initial)
+        if callable(f0) and hasattr(grid, "initial"):  # a grid that adapts refines on f0 first (Grid.initial)
             grid = grid.initial(f0, attention_scale(_terms.resolve(model, self.t)))
         self.f = _initial_density(grid, f0)
         self.n_steps = 0
@@ -772,7 +772,7 @@ class Solver:
             "f": self.f.copy(),
             "n_steps": self.n_steps,
             "n_regrids": self.n_regrids,
-            "grid": self.grid.cells_state(),  # {} for a fixed grid; an adaptive grid's cells (NUNIQ)
+            "grid": getattr(self.grid, "cells_state", dict)(),  # {} for a fixed grid; adaptive: its cells (NUNIQ)
             "l0": self.l0,
             "diag": {k: list(v) for k, v in self.diag.items()},
             "history": [(t, m.copy()) for t, m in self._history],

@@ -135,7 +135,7 @@ def _balance(uniq: np.ndarray, kmin: int, kmax: int) -> np.ndarray:
             kids = (ipix[sel, None] << 2) + np.arange(4)  # (n, 4) at order k + 1
             nb = hp.get_all_neighbours(1 << (k + 1), kids.ravel(), nest=True).T.reshape(len(sel), 32)
             valid = nb >= 0
-            own = _leaf_or_coarser(leaves, k + 1, np.where(valid, nb, 0), kmax)
+            own = _leaf_or_coarser(leaves, k + 1, np.where(valid, nb, 0))
             split[sel] = np.any(valid & (own < 0), axis=1)
         if not split.any():
             return uniq
@@ -144,7 +144,7 @@ def _balance(uniq: np.ndarray, kmin: int, kmax: int) -> np.ndarray:
         uniq = np.unique(np.concatenate([uniq[~split], kids]))
 
 
-def _leaf_or_coarser(leaves: _Leaves, order: int, ipix: np.ndarray, kmax: int) -> np.ndarray:
+def _leaf_or_coarser(leaves: _Leaves, order: int, ipix: np.ndarray) -> np.ndarray:
     """Leaf equal to or containing the pixels of ``order`` (any number of orders up), -1 if refined."""
     return leaves.containing(np.full(ipix.shape, order, np.int64), ipix, up=order)
 
@@ -404,7 +404,7 @@ class AdaptiveHealpixGrid(Grid):
             sel = cells[self.order == k]
             kids = (self.ipix[sel, None] << 2) + np.arange(4)
             nb = hp.get_all_neighbours(1 << (int(k) + 1), kids.ravel(), nest=True).T.reshape(len(sel), 32)
-            leaf = _leaf_or_coarser(self._leaves, int(k) + 1, np.where(nb >= 0, nb, 0), self.order_max)
+            leaf = _leaf_or_coarser(self._leaves, int(k) + 1, np.where(nb >= 0, nb, 0))
             leaf = np.where((nb >= 0) & (leaf != sel[:, None]), leaf, -1)
             if np.any((nb >= 0) & (leaf < 0) & (np.where(nb >= 0, nb, 0) >> 2 != self.ipix[sel, None])):
                 raise RuntimeError("the tiling is not 2:1 balanced across corners")  # pragma: no cover
