@@ -260,7 +260,8 @@ def plot(res, path):
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for kind, mk in (("uniform", "o-"), ("adaptive", "s-")):
         rs = sorted((r for r in res["rows"] if r["grid"] == kind), key=lambda r: r["cells_mean"])
-        ax.loglog([r["cells_mean"] for r in rs], [r["L1"] for r in rs], mk, label=f"{kind} (mean cells)")
+        ax.loglog([r["cells_mean"] for r in rs], [r["L1"] for r in rs], mk,
+                  label=f"{kind} (labels: {'nside' if kind == 'uniform' else 'nside_max'})")
         for r in rs:
             ax.annotate(str(r["nside_max"]), (r["cells_mean"], r["L1"]), fontsize=7, xytext=(3, 3),
                         textcoords="offset points")
