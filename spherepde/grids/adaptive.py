@@ -93,6 +93,24 @@ class _Leaves:
         self.uniq = np.asarray(uniq, np.int64)
         self._sorted = np.argsort(self.uniq, kind="stable")
         self._keys = self.uniq[self._sorted]
+        self._ranges = None  # (kref, sorted starts, their ends) of the leaves' NESTED ranges at order kref
+
+    def refined(self, order: int, ipix) -> np.ndarray:
+        """True where pixel (order, ipix) holds a smaller leaf (it is refined further), by one search in the
+        leaves' NESTED ranges at their finest order (``order`` at most that order)."""
+        if self._ranges is None:
+            o, p = uniq_to_nest(self.uniq)
+            kref = int(o.max())
+            start, end = p << (2 * (kref - o)), (p + 1) << (2 * (kref - o))
+            srt = np.argsort(start)
+            self._ranges = (kref, start[srt], end[srt])
+        kref, start, end = self._ranges
+        if int(order) >= kref:  # no leaf is smaller than a pixel of the finest order present
+            return np.zeros(np.shape(ipix), bool)
+        sh = 2 * (kref - int(order))
+        a = np.asarray(ipix, np.int64) << sh
+        b = (np.asarray(ipix, np.int64) + 1) << sh
+        return end[np.searchsorted(start, a, side="right") - 1] < b
 
     def index(self, uniq) -> np.ndarray:
         """Leaf index of each NUNIQ, -1 where it is not a leaf."""
@@ -135,8 +153,7 @@ def _balance(uniq: np.ndarray, kmin: int, kmax: int) -> np.ndarray:
             kids = (ipix[sel, None] << 2) + np.arange(4)  # (n, 4) at order k + 1
             nb = hp.get_all_neighbours(1 << (k + 1), kids.ravel(), nest=True).T.reshape(len(sel), 32)
             valid = nb >= 0
-            own = _leaf_or_coarser(leaves, k + 1, np.where(valid, nb, 0))
-            split[sel] = np.any(valid & (own < 0), axis=1)
+            split[sel] = np.any(valid & leaves.refined(k + 1, np.where(valid, nb, 0)), axis=1)
         if not split.any():
             return uniq
         o, p = order[split], ipix[split]
