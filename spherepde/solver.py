@@ -246,7 +246,6 @@ class Solver:
         self.model = model
         self._bounds = _terms.boundaries(model)  # layer starts: every step ends on them
         self._active_key = None  # the layer interval whose resolved model is self._active
-        self._steady_cache = {}  # (interval, "all" | "local") -> moments or weights of steady local fields
         if hasattr(model, "set_state"):  # a clean history: a model reused from another run gives the same bits
             model.set_state({})
         self.t = finite_float(t0, "t0")
@@ -255,7 +254,6 @@ class Solver:
         self.f = _initial_density(grid, f0)
         self.n_steps = 0
         self.n_regrids = 0  # grid changes during the run (Grid.regrid)
-        self._history: list[tuple[float, np.ndarray]] = []  # (t, face weights a) for field_interval
         self._circle_phi0 = None  # first cell angle of a uniform, ordered circle grid (FFT attention path)
         if grid.dim == 2 and not model.local and hasattr(grid, "lo"):
             phi = 0.5 * (grid.lo[:, 0] + grid.hi[:, 0])
@@ -295,8 +293,8 @@ class Solver:
         self._blocks = None  # (block index per cell, number of blocks) of the error norm
         self._vtw = {}  # id(head) -> face normals times V of that head (the fused weights kernel)
         self._diffusion = None  # spherepde.diffusion.DiffusionOperators of the grid, built on first use
-        self._steady_cache = {}  # steady moments live on faces of this grid
-        self._history = []  # extrapolated fields too
+        self._steady_cache = {}  # (interval, "all" | "local") -> moments or weights of steady local fields
+        self._history: list[tuple[float, np.ndarray]] = []  # (t, face weights a) for field_interval (per grid)
         self._extrema = None  # (f, min f, max f) of the state step() just made, for _record
 
     def _maybe_regrid(self):

@@ -462,9 +462,7 @@ class AdaptiveHealpixGrid(Grid):
         o, p = self.order[ref], self.ipix[ref]
         kids = nest_to_uniq(np.repeat(o + 1, 4), ((p[:, None] << 2) + np.arange(4)).ravel())
         new = np.concatenate([uniq[~ref & ~gone], kids, merged])
-        balanced = _balance(new, self.order_min, self.order_max)
-        self._check_size(len(balanced))
-        return self._with(balanced)
+        return self._with(_balance(new, self.order_min, self.order_max))  # (the constructor checks max_cells)
 
     def _with(self, uniq, balanced: bool = True) -> "AdaptiveHealpixGrid":
         """The grid of the cells ``uniq`` (``self`` if they are this grid's), reusing this grid's geometry."""
@@ -657,7 +655,12 @@ def transfer(f, source: AdaptiveHealpixGrid, target: AdaptiveHealpixGrid) -> np.
         out[kids[same]] = f[parent[same]]
         kids, parent = kids[~same], parent[~same]
         if kids.size:
-            grad = np.einsum("nsd,ns->nd", source.stencil_coef, f[source.stencil] - f[:, None])
+            # the gradient (and the stencil bounds below) of the refined source cells only: the same per-row
+            # arithmetic as Grid.stencil_coef, without building it for the whole source grid at every regrid
+            up = np.unique(parent)
+            coef = np.einsum("nst,ntd->nsd", source.stencil_coef_local[up], source.tangent_basis[up])
+            grad = np.zeros((source.n_cells, 3))
+            grad[up] = np.einsum("nsd,ns->nd", coef, f[source.stencil[up]] - f[up, None])
             a = target.areas[kids]
             xc = np.zeros((source.n_cells, 3))
             for j in range(3):
@@ -666,9 +669,11 @@ def transfer(f, source: AdaptiveHealpixGrid, target: AdaptiveHealpixGrid) -> np.
             xc[area_p > 0] /= area_p[area_p > 0, None]
             dv = np.einsum("nd,nd->n", grad[parent], target.xbar[kids] - xc[parent])
             # theta: children within [lo, hi] of the parent's stencil and >= 0
-            nbv = f[source.stencil]
-            lo = np.minimum(nbv.min(axis=1), f)  # >= 0 where f is
-            hi = np.maximum(nbv.max(axis=1), f)
+            nbv = f[source.stencil[up]]
+            lo = np.zeros(source.n_cells)
+            hi = np.zeros(source.n_cells)
+            lo[up] = np.minimum(nbv.min(axis=1), f[up])  # >= 0 where f is
+            hi[up] = np.maximum(nbv.max(axis=1), f[up])
             fp = f[parent]
             with np.errstate(divide="ignore", invalid="ignore"):
                 r = np.where(dv > 0, (hi[parent] - fp) / dv, np.where(dv < 0, (lo[parent] - fp) / dv, np.inf))
