@@ -18,6 +18,8 @@ Sections (see ``docs/user_guide.md`` and ``docs/examples/*.toml``)::
 
     name = "..."  description = "..."              # optional, top level
     [grid]      type = "healpix" (nside, edge_points) | "tensor" (d, n)
+                     | "adaptive" (nside_min, nside_max, edge_points, max_cells, refine, variation, attention,
+                       floor, coarsen, buffer, regrid_interval)
     [model]     type = "zero_temperature" (B, V) | "attention" (B, V, beta, tol, method; beta = inf is
                      the zero-temperature limit)
                      | "prescribed_rotation" (axis, omega) | "prescribed_linear" (M)
@@ -73,7 +75,10 @@ PLOTS = ("maps", "diagnostics", "concentration", "animation", "particles")
 MAX_FRAMES = 1e6
 MAX_KAPPA = 1e10
 
-GRID_TYPES = ("healpix", "tensor")
+GRID_TYPES = ("healpix", "tensor", "adaptive")
+#: The refinement keys of an adaptive [grid] -> the field of spherepde.grids.adaptive.Refinement.
+REFINEMENT_KEYS = {"variation": "variation", "attention": "attention", "floor": "floor", "coarsen": "coarsen",
+                   "buffer": "buffer", "regrid_interval": "interval"}
 MODEL_TYPES = ("zero_temperature", "attention", "prescribed_rotation", "prescribed_linear", "feedforward",
                "multihead", "sum", "layers", "noise")
 #: The activations of a feed-forward term (spherepde.models.terms.ACTIVATIONS).
@@ -255,17 +260,36 @@ def _number_list(sec, key, where, n, default=None, lo=0.0, what="numbers"):
 # ----------------------------------------------------------------------------------------- sections
 @dataclass(frozen=True)
 class GridConfig:
-    """``[grid]``: ``type = "healpix"`` (``nside`` >= 1, ``edge_points``) or ``"tensor"`` (``d`` in 2..4, ``n``)."""
+    """``[grid]``: ``type = "healpix"`` (``nside`` >= 1, ``edge_points``), ``"tensor"`` (``d`` in 2..4, ``n``) or
+    ``"adaptive"``: an :class:`~spherepde.grids.adaptive.AdaptiveHealpixGrid` of cells between ``nside_min``
+    and ``nside_max`` (powers of 2, ``nside_min <= nside_max <= 2^20``), refined on the initial density
+    before the run and regridded during it.
+
+    Adaptive keys (defaults those of :class:`~spherepde.grids.adaptive.Refinement`): ``max_cells``
+    (an error, naming it, when refinement would exceed it), ``refine`` (true; false keeps the
+    ``nside_min`` cells all run), ``variation`` (0.25), ``attention`` (0.5), ``floor`` (1e-4), ``coarsen``
+    (0.25), ``buffer`` (2 rings), ``regrid_interval`` (4 steps), ``edge_points`` (6).
+    """
 
     type: str = "healpix"
     nside: int | None = None
     edge_points: int | None = None
     d: int | None = None
     n: int | None = None
+    nside_min: int | None = None
+    nside_max: int | None = None
+    max_cells: int | None = None
+    refine: bool | None = None
+    variation: float | None = None
+    attention: float | None = None
+    floor: float | None = None
+    coarsen: float | None = None
+    buffer: int | None = None
+    regrid_interval: int | None = None
 
     @property
     def dim(self) -> int:
-        return 3 if self.type == "healpix" else int(self.d)
+        return 3 if self.type in ("healpix", "adaptive") else int(self.d)
 
     @classmethod
     def parse(cls, sec: dict) -> "GridConfig":
@@ -275,16 +299,50 @@ class GridConfig:
             _check_keys(sec, ("type", "nside", "edge_points"), w)
             return cls(t, nside=_int(sec, "nside", w, minimum=1, required=True),
                        edge_points=_int(sec, "edge_points", w, minimum=1))
+        if t == "adaptive":
+            _check_keys(sec, ("type", "nside_min", "nside_max", "edge_points", "max_cells", "refine")
+                        + tuple(REFINEMENT_KEYS), w)
+            kw = {}
+            for key in ("nside_min", "nside_max"):
+                v = _int(sec, key, w, minimum=1, maximum=1 << 20, required=True)
+                if v & (v - 1):
+                    raise ConfigError(f"{w}.{key}", v, "a power of 2 (1, 2, 4, ..., 2^20)")
+                kw[key] = v
+            if kw["nside_max"] < kw["nside_min"]:
+                raise ConfigError(f"{w}.nside_max", kw["nside_max"], f"a power of 2 >= grid.nside_min = {kw['nside_min']}")
+            kw["edge_points"] = _int(sec, "edge_points", w, minimum=1)
+            kw["max_cells"] = _int(sec, "max_cells", w, minimum=12 * kw["nside_min"] ** 2)
+            kw["refine"] = _bool(sec, "refine", w, True) if "refine" in sec else None
+            for key in ("variation", "attention", "floor"):
+                kw[key] = _float(sec, key, w, lo=0.0, lo_open=key == "variation")
+            kw["coarsen"] = _float(sec, "coarsen", w, lo=0.0, hi=1.0, hi_open=True)
+            kw["buffer"] = _int(sec, "buffer", w, minimum=0)
+            kw["regrid_interval"] = _int(sec, "regrid_interval", w, minimum=1)
+            return cls(t, **kw)
         _check_keys(sec, ("type", "d", "n"), w)
         return cls(t, d=_int(sec, "d", w, minimum=2, maximum=4, required=True),
                    n=_int(sec, "n", w, minimum=1, required=True))
 
+    def refinement(self):
+        """The :class:`~spherepde.grids.adaptive.Refinement` of an adaptive grid (False: ``refine = false``)."""
+        from .grids.adaptive import Refinement
+
+        if self.refine is False:
+            return False
+        return Refinement(**{field_: getattr(self, key) for key, field_ in REFINEMENT_KEYS.items()
+                             if getattr(self, key) is not None})
+
     def build(self):
+        kw = {} if self.edge_points is None else {"edge_points": self.edge_points}
         if self.type == "healpix":
             from .grids.healpix import HealpixGrid
 
-            kw = {} if self.edge_points is None else {"edge_points": self.edge_points}
             return HealpixGrid(self.nside, **kw)
+        if self.type == "adaptive":
+            from .grids.adaptive import AdaptiveHealpixGrid
+
+            return AdaptiveHealpixGrid(self.nside_min, self.nside_max, refinement=self.refinement(),
+                                       max_cells=self.max_cells, **kw)
         try:
             from .grids.tensor import TensorGrid
         except ImportError as exc:  # the tensor grids are another issue's work
@@ -645,6 +703,18 @@ class InitialConfig:
         return [(i, mu, 1.0 / math.sqrt(k)) for i, (mu, k, wt) in enumerate(zip(self.means, self.kappas, self.weights))
                 if k > 0 and wt > 0]
 
+    def function(self, d: int):
+        """The initial density as a callable ``f0(x)`` with its narrow vMF components declared as
+        ``f0.features = [(mean, 1 / sqrt(kappa)), ...]``: what a grid that adapts refines on before the run
+        (:meth:`spherepde.grids.base.Grid.initial`), and then averages adaptively on its cells."""
+        dens = self.density(d)
+
+        def f0(x):
+            return dens(x)
+
+        f0.features = [(list(mu), w) for _, mu, w in self.features()]
+        return f0
+
     def build(self, grid) -> np.ndarray:
         """f0 on ``grid``: cell averages by grid quadrature (the uniform density exactly), or the values
         at the cell centres (``sample = "center"``).
@@ -895,7 +965,12 @@ class ExperimentConfig:
     def build_model(self):
         return self.model.build()
 
-    def build_initial(self, grid) -> np.ndarray:
+    def build_initial(self, grid):
+        """f0 on ``grid``: its cell averages (:meth:`InitialConfig.build`); on an adaptive grid
+        (``[grid] type = "adaptive"``) the density function itself (:meth:`InitialConfig.function`), on
+        which the solver refines the grid before it averages."""
+        if self.grid.type == "adaptive":
+            return self.initial.function(grid.dim)
         return self.initial.build(grid)
 
     def build_all(self):
@@ -964,6 +1039,9 @@ def parse_config(source) -> ExperimentConfig:
     if model.dim != grid.dim:
         raise ConfigError("model", f"dimension {model.dim}", f"the grid's dimension d = {grid.dim} (matrix size)")
     initial = InitialConfig.parse(raw.get("initial", {}), grid.dim)
+    if grid.type == "adaptive" and initial.sample == "center":
+        raise ConfigError("initial.sample", "center", "'average' on an adaptive grid (its cells are refined on "
+                          "f0 and averaged adaptively)")
     cfg = ExperimentConfig(
         grid=grid, model=model, initial=initial, time=TimeConfig.parse(raw["time"]),
         scheme=SchemeConfig.parse(raw.get("scheme", {})), output=OutputConfig.parse(raw.get("output", {})),

@@ -40,6 +40,13 @@ variable; the groups open with ``xarray.open_dataset(path, group="diagnostics")`
     /concentration/<name> (time,) optional: W2 to Pi#rho_0, alignments (per saved time)
     /particles/{times,positions,weights}   optional overlay run (time, particle, component)
 
+A run whose cells change per saved state (an adaptive grid, ``/grid`` type ``adaptive_healpix``) has
+the ragged layout instead of ``density (time, cell)``: the ``cell`` dimension (unlimited) runs over the
+cells of all saved states one after the other, ``/cell_count (time)`` (a CF contiguous ragged array
+count, ``sample_dimension = "cell"``) says how many belong to each state, and ``/uniq``, ``/density``,
+``/cell_area``, ``/lon``, ``/lat`` are ``(cell,)``; each frame's checksum covers its time, NUNIQ and
+densities, and ``load`` rebuilds each state's grid from its NUNIQ (``Result.grid_at``).
+
 Version 2 files (``times`` for ``time``, the grid's centres and areas in /grid) load as before.
 """
 from __future__ import annotations
@@ -82,6 +89,8 @@ _VARIABLES = {
     "lat": ("latitude of the cell centre", "degrees_north"),
     "checksums": ("SHA-256 of the frame (time, density), hexadecimal", "1"),
     "cell": ("cell index", "1"),
+    "uniq": ("HEALPix multi-order cell index NUNIQ = 4 nside^2 + ipix (NESTED ipix at that nside)", "1"),
+    "cell_count": ("number of cells of the saved state (its run of the cell dimension)", "1"),
     "component": ("Cartesian axis of R^d (0 = e1)", "1"),
     "step": ("solver step (0 = the initial state)", "1"),
     "particle": ("token index", "1"),
@@ -214,8 +223,32 @@ def _digest(*values) -> str:
     return h.hexdigest()
 
 
-def _frame_digest(t, f) -> str:
-    return _digest(float(t), np.asarray(f, dtype=float))
+def _frame_digest(t, f, uniq=None) -> str:
+    """SHA-256 of a frame: its time and densities, and its cells (NUNIQ) in the ragged layout."""
+    if uniq is None:
+        return _digest(float(t), np.asarray(f, dtype=float))
+    return _digest(float(t), np.asarray(uniq, dtype=np.int64), np.asarray(f, dtype=float))
+
+
+def _ragged(h) -> bool:
+    """Whether a results file has the ragged layout (cells per saved state, ``cell_count``)."""
+    return "cell_count" in h
+
+
+def _frame_bounds(h):
+    """(start, stop) arrays of each saved state's cells along the ``cell`` dimension (ragged layout)."""
+    counts = np.asarray(h["cell_count"][()], np.int64)
+    stop = np.cumsum(counts)
+    return stop - counts, stop
+
+
+def _frame(h, i, bounds=None):
+    """(time, density, NUNIQ or None) of saved state ``i``."""
+    t = _times(h)[i]
+    if not _ragged(h):
+        return t, h["density"][i], None
+    start, stop = _frame_bounds(h) if bounds is None else bounds
+    return t, h["density"][start[i]:stop[i]], h["uniq"][start[i]:stop[i]]
 
 
 def _group_digest(data: dict) -> str:
@@ -236,13 +269,24 @@ def _check_readable(path, h):
     try:
         n_cells = int(h["grid"].attrs["n_cells"])
         times, dens = _times(h), h["density"]
+        cells = [h[k] for k in ("cell_count",) + _RAGGED if k in h] if _ragged(h) else []
     except (KeyError, TypeError, ValueError) as exc:
         raise DamagedFileError(f"{path}: not the layout of a results file ({exc})") from None
-    if times.ndim != 1 or dens.ndim != 2 or dens.shape != (times.shape[0], n_cells):
+    if _ragged(h):
+        counts = h["cell_count"]
+        bad = counts.ndim != 1 or counts.shape != times.shape or times.ndim != 1 or counts.dtype.kind not in "iu"
+        bad = bad or any(k not in h or h[k].ndim != 1 or h[k].shape != dens.shape for k in _RAGGED)
+        if not bad and counts.shape[0]:
+            c = counts[()]
+            bad = bool(c.min() < 12) or int(c.sum()) != dens.shape[0]
+        if bad:
+            raise DamagedFileError(f"{path}: the cells per saved state (cell_count, {', '.join(_RAGGED)}) do not fit "
+                                   "together: a damaged results file")
+    elif times.ndim != 1 or dens.ndim != 2 or dens.shape != (times.shape[0], n_cells):
         raise DamagedFileError(f"{path}: density has shape {dens.shape}, times {times.shape}, the grid "
                                f"{n_cells} cells: a damaged results file")
     total = 0
-    for obj in [times, dens] + [g[k] for name in ("diagnostics", "concentration", "particles") if name in h
+    for obj in [times, dens] + cells + [g[k] for name in ("diagnostics", "concentration", "particles") if name in h
                                 for g in (h[name],) for k in g]:
         if not isinstance(obj, h5py.Dataset):
             raise DamagedFileError(f"{path}: {obj.name} is not a dataset: a damaged results file")
@@ -257,9 +301,10 @@ def _verify_frames(path, h, n: int):
     sums = h["checksums"] if "checksums" in h else None
     if sums is None or sums.shape[0] < n:
         raise DamagedFileError(f"{path}: the frame checksums are missing")
-    times, dens = _times(h), h["density"]
+    bounds = _frame_bounds(h) if _ragged(h) else None
     for i in range(n):
-        if sums[i].decode() != _frame_digest(times[i], dens[i]):
+        if sums[i].decode() != _frame_digest(*_frame(h, i, bounds)):
+            times = _times(h)
             raise DamagedFileError(f"{path}: frame {i} (t = {float(times[i]):g}) fails its checksum: the file is "
                                    "damaged (rerun the experiment: a partial run resumes from its checkpoint)")
 
@@ -294,13 +339,24 @@ def versions() -> dict:
     return out
 
 
+def _adapts(grid) -> bool:
+    """Whether ``grid``'s cells may change per saved state (a grid with cells_state, e.g. adaptive HEALPix)."""
+    return bool(getattr(grid, "cells_state", dict)())
+
+
 def _grid_attrs(grid) -> dict:
-    if hasattr(grid, "uniq"):  # cells that change per saved state: a results layout of their own (issue #16)
-        raise ValueError("results files do not store adaptive HEALPix grids yet (one cell set per saved state, "
-                         "issue #16 item 6): write res.to_healpix(i, nside) maps (write_fits takes them) or keep "
-                         "res.grid_at(i).uniq with res.density[i]")
     a = {"dim": int(grid.dim), "n_cells": int(grid.n_cells), "class": type(grid).__name__}
-    if hasattr(grid, "nside"):
+    if _adapts(grid):  # cells per saved state: the ragged layout (module docstring)
+        a.update(type="adaptive_healpix", nside_min=int(grid.nside_min), nside_max=int(grid.nside_max),
+                 edge_points=int(grid.edge_points), order="NUNIQ")
+        if getattr(grid, "max_cells", None) is not None:
+            a["max_cells"] = int(grid.max_cells)
+        ref = getattr(grid, "refinement", None)
+        if ref is not None:
+            from dataclasses import asdict
+
+            a["refinement"] = json.dumps(asdict(ref) if ref else False)
+    elif hasattr(grid, "nside"):
         a.update(type="healpix", nside=int(grid.nside), order="RING")
     else:
         a["type"] = "tensor"
@@ -309,6 +365,19 @@ def _grid_attrs(grid) -> dict:
         if hasattr(grid, "reduced"):
             a["reduced"] = bool(grid.reduced)
     return a
+
+
+#: The per-cell variables of the ragged (adaptive) layout, in the order a frame appends them.
+_RAGGED = ("uniq", "density", "cell_area", "lon", "lat")
+
+
+def _ragged_values(grid, f) -> dict:
+    """The per-cell arrays of one frame of the ragged layout: NUNIQ, cell averages, areas, lon, lat."""
+    c = np.asarray(grid.centers, float)
+    return {"uniq": np.asarray(grid.uniq, np.int64), "density": np.asarray(f, float),
+            "cell_area": np.asarray(grid.areas, float),
+            "lon": np.degrees(np.arctan2(c[:, 1], c[:, 0])),
+            "lat": np.degrees(np.arcsin(np.clip(c[:, 2], -1.0, 1.0)))}
 
 
 def _config_text_json(config):
@@ -446,6 +515,9 @@ def _write_header(h, config, grid, options=None, model=None):
     t.make_scale("time")
     t.attrs["axis"] = "T"
     _describe(t, "time", d)
+    if gattrs["type"] == "adaptive_healpix":
+        _ragged_header(h, t, d)
+        return
     cell = _scale(h, "cell", grid.n_cells, dim=d)
     if gattrs["type"] == "healpix":
         cell.attrs["long_name"] = f"HEALPix pixel index (RING order, nside {gattrs['nside']})"
@@ -465,6 +537,27 @@ def _write_header(h, config, grid, options=None, model=None):
     if coords:
         dens.attrs["coordinates"] = " ".join(coords)
     _variable(h, "checksums", (t,), d, shape=(0,), maxshape=(None,), dtype="S64", chunks=(1024,))
+
+def _ragged_header(h, t, d: int):
+    """The variables of the ragged layout (a grid whose cells change per saved state): the ``cell``
+    dimension runs over the cells of all saved states one after the other, and ``cell_count(time)`` (a
+    CF contiguous ragged array count, ``sample_dimension = "cell"``) says how many belong to each."""
+    cell = h.create_dataset("cell", shape=(0,), maxshape=(None,), dtype="i8", chunks=(16384,))
+    cell.make_scale("cell")
+    cell.attrs["spherepde_role"] = "dimension"
+    _describe(cell, "cell", d)
+    cell.attrs["long_name"] = "cell of a saved state (the states' cells one after the other; see cell_count)"
+    count = _variable(h, "cell_count", (t,), d, shape=(0,), maxshape=(None,), dtype="i8", chunks=(1024,))
+    count.attrs["sample_dimension"] = "cell"
+    kinds = {"uniq": "i8"}
+    for k in _RAGGED:
+        ds = _variable(h, k, (cell,), d, shape=(0,), maxshape=(None,), dtype=kinds.get(k, "f8"), chunks=(16384,))
+        if k in ("lon", "lat"):
+            ds.attrs["standard_name"] = "longitude" if k == "lon" else "latitude"
+    h["density"].attrs["cell_measures"] = "area: cell_area"
+    h["density"].attrs["coordinates"] = "lon lat"
+    _variable(h, "checksums", (t,), d, shape=(0,), maxshape=(None,), dtype="S64", chunks=(1024,))
+
 
 def _times(h):
     """The saved times of a results file (``time``; ``times`` before format version 3)."""
@@ -498,6 +591,7 @@ class ResultsWriter:
         self.path = Path(path)
         self.n_cells = grid.n_cells
         self.dim = int(grid.dim)
+        self.ragged = _adapts(grid)  # cells per saved state: append() takes each state's grid
         kept = None
         if resume is not None:
             kept = self._frames_to_keep(config, int(resume))
@@ -505,23 +599,23 @@ class ResultsWriter:
         # a resumed run never writes into a file whose other parts may be damaged (a torn group header
         # made the next write fail; found by the fault matrix), and an older format is upgraded.
         tmp = self.path.with_name(self.path.name + ".tmp")
-        n_keep = 0 if kept is None else len(kept[0])
-        _preflight(tmp, 8 * grid.n_cells * (grid.dim + 1 + n_keep) + 16384)
+        kept_bytes = sum(a.nbytes for a in (kept or {}).values())
+        _preflight(tmp, 8 * grid.n_cells * (grid.dim + 1) + kept_bytes + 16384)
         with _writing(tmp), h5py.File(tmp, "w") as h:
             _write_header(h, config, grid, options, model)  # time, density, checksums: empty, appended
-            if n_keep:
-                h["time"].resize((n_keep,))
-                h["time"][:] = kept[0]
-                h["density"].resize((n_keep, self.n_cells))
-                h["density"][:] = kept[1]
-                h["checksums"].resize((n_keep,))
-                h["checksums"][:] = kept[2]
+            for name, a in (kept or {}).items():
+                h[name].resize(a.shape)
+                h[name][...] = a
+            if self.ragged and kept:
+                h["cell"].resize(kept["uniq"].shape)
+                h["cell"][:] = np.arange(kept["uniq"].shape[0])
         os.replace(tmp, self.path)
         self.h = h5py.File(self.path, "a")
 
-    def _frames_to_keep(self, config, n: int):
-        """(times, densities, checksums) of the first ``n`` frames of the existing file, verified; ValueError
-        (a DamagedFileError where a checksum fails) when they cannot be kept."""
+    def _frames_to_keep(self, config, n: int) -> dict:
+        """{dataset: its first ``n`` frames} of the existing file (time, density, checksums; in the ragged
+        layout cell_count and the cells of those frames), verified; ValueError (a DamagedFileError where a
+        checksum fails) when they cannot be kept."""
         _, js = _config_text_json(config)
         try:
             with h5py.File(self.path, "r") as h:
@@ -532,13 +626,24 @@ class ResultsWriter:
                 if _times(h).shape[0] < n:
                     raise ValueError(f"{self.path} holds {_times(h).shape[0]} saved frames, the checkpoint "
                                      f"expects {n}")
-                if h["density"].shape[1] != self.n_cells:
+                if _ragged(h) != self.ragged:
+                    raise ValueError(f"{self.path} holds {'' if _ragged(h) else 'no '}cells per saved state, the "
+                                     f"grid {'changes' if self.ragged else 'does not change'} during the run")
+                if not self.ragged and h["density"].shape[1] != self.n_cells:
                     raise ValueError(f"{self.path} holds densities of {h['density'].shape[1]} cells, the grid has "
                                      f"{self.n_cells}")
-                dens = h["density"][:n]
-                check_frames(dens, f"{self.path} (the frames to keep)")
+                if self.ragged:  # the cells of the frames must be where cell_count says
+                    _check_readable(self.path, h)
                 _verify_frames(self.path, h, n)
-                return _times(h)[:n], dens, h["checksums"][:n]
+                kept = {"time": _times(h)[:n], "checksums": h["checksums"][:n]}
+                if self.ragged:
+                    stop = int(_frame_bounds(h)[1][n - 1]) if n else 0
+                    kept["cell_count"] = h["cell_count"][:n]
+                    kept.update({k: h[k][:stop] for k in _RAGGED})
+                else:
+                    kept["density"] = h["density"][:n]
+                check_frames(kept["density"], f"{self.path} (the frames to keep)")
+                return kept
         except (OSError, KeyError, RuntimeError, TypeError) as exc:
             raise DamagedFileError(f"{self.path}: not readable as a results file ({_reason(exc)})") from None
 
@@ -547,20 +652,40 @@ class ResultsWriter:
         return int(self.h["time"].shape[0])
 
     def append(self, t: float, f: np.ndarray, diagnostics: dict | None = None, n_steps: int = 0,
-               wall_time: float = 0.0):
-        """Append the density ``f`` at time ``t`` (and refresh the diagnostics); flushed to disk."""
-        _preflight(self.path, 8 * self.n_cells + 128 + _dict_bytes(diagnostics))
+               wall_time: float = 0.0, grid=None):
+        """Append the density ``f`` at time ``t`` (and refresh the diagnostics); flushed to disk. ``grid``:
+        the grid ``f`` lives on, required where the cells change per saved state (the ragged layout)."""
+        if self.ragged:
+            if grid is None or not _adapts(grid):
+                raise ValueError("ResultsWriter.append: grid (the grid of f, an adaptive grid) is required for a "
+                                 "run whose cells change per saved state")
+            if np.shape(f) != (grid.n_cells,):
+                raise ValueError(f"ResultsWriter.append: f has shape {np.shape(f)}, its grid {grid.n_cells} cells")
+        _preflight(self.path, 8 * (5 if self.ragged else 1) * np.size(f) + 128 + _dict_bytes(diagnostics))
         with _writing(self.path):
-            self._append(t, f, diagnostics, n_steps, wall_time)
+            self._append(t, f, diagnostics, n_steps, wall_time, grid)
 
-    def _append(self, t, f, diagnostics, n_steps, wall_time):
+    def _append(self, t, f, diagnostics, n_steps, wall_time, grid=None):
         n = self.n_saved
         self.h["time"].resize((n + 1,))
         self.h["time"][n] = t
-        self.h["density"].resize((n + 1, self.n_cells))
-        self.h["density"][n] = f
+        if self.ragged:
+            vals = _ragged_values(grid, f)
+            m, k = self.h["uniq"].shape[0], vals["uniq"].shape[0]
+            for name in ("cell",) + _RAGGED:
+                self.h[name].resize((m + k,))
+            self.h["cell"][m:] = np.arange(m, m + k)
+            for name, a in vals.items():
+                self.h[name][m:] = a
+            self.h["cell_count"].resize((n + 1,))
+            self.h["cell_count"][n] = k
+            digest = _frame_digest(self.h["time"][n], self.h["density"][m:], self.h["uniq"][m:])
+        else:
+            self.h["density"].resize((n + 1, self.n_cells))
+            self.h["density"][n] = f
+            digest = _frame_digest(self.h["time"][n], self.h["density"][n])
         self.h["checksums"].resize((n + 1,))
-        self.h["checksums"][n] = _frame_digest(self.h["time"][n], self.h["density"][n]).encode()
+        self.h["checksums"][n] = digest.encode()
         if diagnostics is not None:
             _write_dict_group(self.h, "diagnostics", diagnostics, self.dim)
         self.h.attrs["n_steps"] = int(n_steps)
@@ -606,8 +731,8 @@ def save_result(result, path, config=None, extra_groups: dict | None = None):
     model rebuilt; without it, :func:`load` returns ``grid = model = None`` unless the grid is HEALPix.
     """
     with ResultsWriter(path, config, result.grid, result.options, result.model) as w:
-        for t, f in zip(result.times, result.density):
-            w.append(float(t), f)
+        for i, (t, f) in enumerate(zip(result.times, result.density)):
+            w.append(float(t), f, grid=result.grid_at(i))
         for name, data in (extra_groups or {}).items():
             w.write_group(name, data)
         w.finish(result.diagnostics, result.n_steps, result.wall_time)
@@ -664,6 +789,12 @@ def load(path, rebuild: bool = True, verify: bool = True):
                 _verify(path, h)
             times = _times(h)[()]
             density = h["density"][()]
+            cells = None
+            if _ragged(h):  # cells per saved state
+                start, stop = _frame_bounds(h)
+                uniq = h["uniq"][()]
+                density = [density[a:b] for a, b in zip(start, stop)]
+                cells = [uniq[a:b] for a, b in zip(start, stop)]
             diagnostics = _read_group(h, "diagnostics")
             text = h["config"].attrs.get("toml", "")
             opt_json = h["config"].attrs.get("options_json", "")
@@ -679,6 +810,8 @@ def load(path, rebuild: bool = True, verify: bool = True):
                 "particles": _read_group(h, "particles"),
                 "created": str(h.attrs.get("created", "")),
             }
+            if cells is not None:
+                meta["uniq"] = cells
             n_steps = int(h.attrs.get("n_steps", 0))
             wall = float(h.attrs.get("wall_time", 0.0))
     except (ValueError, FileNotFoundError):
@@ -689,15 +822,50 @@ def load(path, rebuild: bool = True, verify: bool = True):
     meta["config"] = config
     options = Options(**json.loads(opt_json)) if opt_json else (config.options() if config else Options())
     grid = model = None
+    ga = meta["grid_attrs"]
     if rebuild:
         if config is not None:
             grid, model = config.build_grid(), config.build_model()
-        elif meta["grid_attrs"].get("type") == "healpix":
+        elif ga.get("type") == "healpix":
             from .grids.healpix import HealpixGrid
 
-            grid = HealpixGrid(int(meta["grid_attrs"]["nside"]))
+            grid = HealpixGrid(int(ga["nside"]))
+        elif ga.get("type") == "adaptive_healpix":
+            grid = _adaptive_base(ga)
+    grids = None
+    if cells is not None:
+        grids = _state_grids(grid, cells) if grid is not None else None
+        if grids is not None:
+            grid = grids[0] if grids else grid
+        if grids is not None and all(g is grids[0] for g in grids):  # one cell set: as solve() returns it
+            density = np.array(density).reshape(len(times), -1)
+            grids = None
     return Result(times=times, density=density, diagnostics=diagnostics, grid=grid, model=model, options=options,
-                  n_steps=n_steps, wall_time=wall, metadata=meta)
+                  n_steps=n_steps, wall_time=wall, metadata=meta, grids=grids)
+
+
+def _adaptive_base(ga: dict):
+    """The adaptive grid of a results file's grid attributes (a file written without a configuration)."""
+    from .grids.adaptive import AdaptiveHealpixGrid, Refinement
+
+    ref = json.loads(ga.get("refinement", "null"))
+    ref = Refinement(**ref) if isinstance(ref, dict) else (None if ref is None else False)
+    mc = ga.get("max_cells")
+    return AdaptiveHealpixGrid(int(ga["nside_min"]), int(ga["nside_max"]), edge_points=int(ga.get("edge_points", 6)),
+                               refinement=ref, max_cells=None if mc is None else int(mc))
+
+
+def _state_grids(base, cells) -> list:
+    """The grid of each saved state from its cells (NUNIQ); consecutive states with the same cells share one
+    grid, and each is built from the previous one (the geometry of the cells they share is reused)."""
+    grids, prev = [], base
+    for u in cells:
+        if grids and np.array_equal(u, grids[-1].uniq):
+            grids.append(grids[-1])
+            continue
+        prev = prev.with_cells({"uniq": np.asarray(u, np.int64)})
+        grids.append(prev)
+    return grids
 
 
 # ----------------------------------------------------------------------------------------- checkpoints
@@ -712,6 +880,11 @@ def _checkpoint_digest(state: dict, extra: dict) -> str:
     ctl = state.get("controller", {})
     for k in sorted(ctl):
         parts += [k, ctl[k]]
+    cells = state.get("grid") or {}
+    if cells:  # a grid that adapts: its cells (older checkpoints have none, and their digests hold)
+        parts += ["n_regrids", int(state.get("n_regrids", 0))]
+        for k in sorted(cells):
+            parts += [k, np.asarray(cells[k])]
     for k in sorted(extra):
         parts += [k, extra[k]]
     return _digest(*parts)
@@ -725,7 +898,8 @@ def write_checkpoint(path, state: dict, extra: dict | None = None):
     state : dict
         ``Solver.get_state()``: t, f, n_steps, l0, diag (dict of lists), history (list of (t, array)): the
         field history of ``field_interval`` (face normal-velocity weights), controller (dict of scalars:
-        the step-size controller's proposal and the field-extrapolation estimate).
+        the step-size controller's proposal and the field-extrapolation estimate), grid (the cells of a
+        grid that adapts, ``Grid.cells_state()``: {"uniq": NUNIQ}; {} for a fixed grid) and n_regrids.
     extra : dict of scalars
         Runner bookkeeping (number of saved frames, elapsed wall time, config JSON, ...).
     """
@@ -777,6 +951,10 @@ def _write_checkpoint_to(target, state, extra):
         cg = h.create_group("controller")  # the step-size controller's state (exact resume)
         for k, v in state.get("controller", {}).items():
             cg.attrs[k] = v
+        gg = h.create_group("grid")  # the cells of a grid that adapts (Grid.cells_state; empty: a fixed grid)
+        for k, v in (state.get("grid") or {}).items():
+            gg.create_dataset(k, data=np.asarray(v))
+        h.attrs["n_regrids"] = int(state.get("n_regrids", 0))
         for k, v in (extra or {}).items():
             h.attrs[f"extra_{k}"] = v
         h.attrs["sha256"] = _checkpoint_digest(state, extra or {})
@@ -796,6 +974,8 @@ def read_checkpoint(path):
             "history": [(float(t), h["history"][f"m{i}"][()]) for i, t in enumerate(hist_t)],
             "controller": {k: v.item() if hasattr(v, "item") else v
                            for k, v in (h["controller"].attrs.items() if "controller" in h else ())},
+            "grid": {k: h["grid"][k][()] for k in h["grid"]} if "grid" in h else {},
+            "n_regrids": int(h.attrs.get("n_regrids", 0)),
         }
         extra = {k[len("extra_"):]: (v.item() if hasattr(v, "item") else v)
                  for k, v in h.attrs.items() if k.startswith("extra_")}
@@ -811,11 +991,16 @@ def read_checkpoint(path):
 def write_fits(result, path, index: int = -1, overwrite: bool = True):
     """Write the density at saved index ``index`` as a HEALPix FITS map (RING order, healpy).
 
-    The map holds the cell averages (density w.r.t. surface measure); the header records the time.
+    The map holds the cell averages (density w.r.t. surface measure); the header records the time. A state
+    on an adaptive grid is written as a multi-order map (``ORDERING = 'NUNIQ'``: a binary table of the
+    columns UNIQ and DENSITY, the format of ligo.skymap and mhealpy, ``mhealpy.HealpixMap.read_map``
+    reads it); ``result.to_healpix(index, nside)`` gives a uniform map for healpy instead.
     """
     import healpy as hp
 
-    grid = result.grid
+    grid = result.grid_at(index)
+    if hasattr(grid, "uniq"):
+        return _write_multiorder_fits(grid, result.density[index], float(result.times[index]), path, overwrite)
     nside = getattr(grid, "nside", None)
     if nside is None:
         nside = result.metadata.get("grid_attrs", {}).get("nside")
@@ -828,4 +1013,22 @@ def write_fits(result, path, index: int = -1, overwrite: bool = True):
     hp.write_map(str(path), m, nest=False, coord="C", column_names=["DENSITY"], overwrite=overwrite,
                  dtype=np.float64, extra_header=[("TIME", t, "simulated time"),
                                                  ("CREATOR", "spherepde", "")])
+    return Path(path)
+
+
+def _write_multiorder_fits(grid, f, t: float, path, overwrite: bool):
+    """A multi-order HEALPix map (NUNIQ): one row per cell, UNIQ (int64) and DENSITY (float64)."""
+    from astropy.io import fits
+
+    cols = [fits.Column(name="UNIQ", format="K", array=np.asarray(grid.uniq, np.int64)),
+            fits.Column(name="DENSITY", format="D", unit="sr-1", array=np.asarray(f, float))]
+    hdu = fits.BinTableHDU.from_columns(cols)
+    for key, value, comment in (("PIXTYPE", "HEALPIX", "HEALPIX pixelisation"),
+                                ("ORDERING", "NUNIQ", "multi-order: UNIQ = 4 nside^2 + ipix (NESTED)"),
+                                ("INDXSCHM", "EXPLICIT", "indexing: explicit pixel indices"),
+                                ("COORDSYS", "C", "coordinates: the sphere's own frame"),
+                                ("MOCORDER", int(grid.order.max()), "finest order present"),
+                                ("TIME", float(t), "simulated time"), ("CREATOR", "spherepde", "")):
+        hdu.header[key] = (value, comment)
+    hdu.writeto(str(path), overwrite=overwrite)
     return Path(path)

@@ -56,7 +56,7 @@ from matplotlib.colors import LogNorm, Normalize
 from matplotlib.figure import Figure
 
 __all__ = ["sample_map", "color_norm", "choose_frames", "mollweide_xy", "plot_mollweide", "plot_orthographic",
-           "plot_circle", "plot_density", "plot_maps", "plot_diagnostics", "plot_concentration", "animate",
+           "plot_circle", "plot_density", "plot_maps", "plot_mesh", "plot_diagnostics", "plot_concentration", "animate",
            "make_figures", "orthographic_project", "LOG_RATIO", "LOG_FLOOR", "DEFAULT_VIEW"]
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,8 @@ def sample_map(grid, f, points) -> np.ndarray:
 
 def _cell_index(grid, points) -> np.ndarray:
     pts = np.asarray(points, dtype=float)
+    if hasattr(grid, "cell_of"):  # the cell containing each point (an adaptive HEALPix grid)
+        return grid.cell_of(pts)
     nside = getattr(grid, "nside", None)
     if nside is not None:
         import healpy as hp
@@ -596,7 +598,7 @@ def choose_frames(result, n: int = 4, particles: bool = False):
             for k in ("alignment_E", "alignment_F", "alignment_F_abs"):
                 if p + k in c:
                     feats.append(np.asarray(c[p + k], dtype=float))
-    fmax = np.asarray(result.density, dtype=float).max(axis=1)
+    fmax = np.array([np.max(f) for f in result.density], dtype=float)
     feats.append(np.log10(np.maximum(fmax, 1e-300)))
     cols = []
     for a in feats:
@@ -627,7 +629,46 @@ def choose_frames(result, n: int = 4, particles: bool = False):
     return idx, [chosen[i] for i in idx]
 
 
+def _values(result, idx) -> np.ndarray:
+    """Every cell value of the saved states ``idx`` (states on grids of different sizes too)."""
+    return np.concatenate([np.ravel(np.asarray(result.density[i], dtype=float)) for i in idx])
+
+
 # ---------------------------------------------------------------------------------------------- map rows
+def plot_mesh(result, indices=None, n=4, fig=None):
+    """Mollweide maps of the mesh levels of a run on an adaptive grid: the nside of the cell at each point,
+    at a few saved times (default :func:`choose_frames`), one discrete colour per level, with the number of
+    cells of each state. ValueError for a grid without levels (a uniform grid has one)."""
+    import matplotlib
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
+    grid0 = result.grid_at(0)
+    if not hasattr(grid0, "order"):
+        raise ValueError(f"plot_mesh needs a result on an adaptive HEALPix grid, got {type(grid0).__name__}")
+    idx = choose_frames(result, n=n)[0] if indices is None else list(indices)
+    kmin, kmax = int(grid0.order_min), int(grid0.order_max)
+    levels = np.arange(kmin, kmax + 1)
+    cmap = ListedColormap(matplotlib.colormaps["viridis"](np.linspace(0.05, 0.95, len(levels))))
+    norm = BoundaryNorm(np.arange(kmin - 0.5, kmax + 1.0), cmap.N)
+    k = len(idx)
+    fig = fig or _figure((3.6 * k + 0.8, 3.0), layout="constrained")
+    axes, mesh = [], None
+    for j, i in enumerate(idx):
+        g = result.grid_at(i)
+        ax = fig.add_subplot(1, k, j + 1, projection="mollweide")
+        x, lat, img = _mollweide_image(g, np.asarray(g.order, float), 480, 240)
+        mesh = ax.pcolormesh(x, lat, img, cmap=cmap, norm=norm, shading="flat", rasterized=True)
+        _mollweide_axes_style(ax)
+        ax.set_title(f"t = {result.times[i]:.3g}: {g.n_cells} cells", fontsize=9)
+        axes.append(ax)
+    cb = fig.colorbar(mesh, ax=axes, orientation="horizontal", location="bottom", fraction=0.06, pad=0.02,
+                      shrink=0.4, aspect=40, ticks=levels)
+    cb.ax.set_xticklabels([str(1 << int(v)) for v in levels], fontsize=7)
+    cb.set_label("nside of the cell (mesh level)", fontsize=8)
+    fig.suptitle("adaptive mesh levels; Mollweide, healpy orientation (flip='astro')", fontsize=8)
+    return fig
+
+
 def plot_maps(result, indices=None, kind="mollweide", particles=True, view=DEFAULT_VIEW, scale="auto",
               hemispheres="both", n=4, fig=None):
     """A row of density maps at a few saved times, one colour scale and one labelled colour bar.
@@ -656,13 +697,13 @@ def plot_maps(result, indices=None, kind="mollweide", particles=True, view=DEFAU
         ax = fig.subplots()
         for i, title in zip(idx, titles):
             plot_circle(grid, result.density[i], ax=ax, label=title)
-        if isinstance(color_norm(result.density[idx], scale), LogNorm):
+        if isinstance(color_norm(_values(result, idx), scale), LogNorm):
             ax.set_yscale("log")
         ax.legend(fontsize=8)
         return fig
     if grid.dim != 3:
         raise ValueError(f"no density map for S^{grid.dim - 1} (dim {grid.dim})")
-    norm = color_norm(result.density[idx], scale)
+    norm = color_norm(_values(result, idx), scale)
     spectral = _spectral_of(result)
     k = len(idx)
     rows = 2 if (kind != "mollweide" and hemispheres == "both") else 1
@@ -673,7 +714,7 @@ def plot_maps(result, indices=None, kind="mollweide", particles=True, view=DEFAU
     for j, (i, title) in enumerate(zip(idx, titles)):
         if kind == "mollweide":
             ax = fig.add_subplot(1, k, j + 1, projection="mollweide")
-            plot_mollweide(grid, result.density[i], ax=ax, title=title, norm=norm, colorbar=False,
+            plot_mollweide(result.grid_at(i), result.density[i], ax=ax, title=title, norm=norm, colorbar=False,
                            markers=spectral if spectral is not None else True)
             mappable = ax.collections[0]
             axes.append(ax)
@@ -681,7 +722,8 @@ def plot_maps(result, indices=None, kind="mollweide", particles=True, view=DEFAU
         pts = pp["positions"][i] if (use_pp and i < len(pp["positions"])) else None
         for r, (v, side) in enumerate([(np.asarray(view, float), "+v"), (-np.asarray(view, float), "-v")][:rows]):
             ax = fig.add_subplot(rows, k, r * k + j + 1)
-            plot_orthographic(grid, result.density[i], ax=ax, title=title if r == 0 else None, particles=pts,
+            plot_orthographic(result.grid_at(i), result.density[i], ax=ax, title=title if r == 0 else None,
+                              particles=pts,
                               view=v, norm=norm, colorbar=False, npix=220,
                               markers=spectral if spectral is not None else True)
             if j == 0:
@@ -720,7 +762,7 @@ def animate(result, path, view="mollweide", fps=6, max_frames=60, dpi=80, scale=
     grid = result.grid
     idx = _frame_indices(len(result.times), max_frames)
     pp = result.metadata.get("particles") or {}
-    norm = color_norm(result.density[idx], scale)
+    norm = color_norm(_values(result, idx), scale)
     spectral = _spectral_of(result) if grid.dim == 3 else None
     mk = spectral if spectral is not None else True
     if grid.dim == 2:
@@ -746,7 +788,7 @@ def animate(result, path, view="mollweide", fps=6, max_frames=60, dpi=80, scale=
     elif grid.dim == 3 and isinstance(view, str) and view == "mollweide":
         fig = _figure((7, 4.4))
         ax = fig.add_subplot(111, projection="mollweide")
-        x, lat, img = _mollweide_image(grid, result.density[idx[0]], 240, 120)
+        x, lat, img = _mollweide_image(result.grid_at(idx[0]), result.density[idx[0]], 240, 120)
         mesh = ax.pcolormesh(x, lat, _prepare(img, norm), shading="flat", norm=norm, cmap="viridis")
         _mollweide_axes_style(ax)
         _mollweide_markers(ax, spectral)
@@ -754,7 +796,7 @@ def animate(result, path, view="mollweide", fps=6, max_frames=60, dpi=80, scale=
         fig.suptitle("Mollweide, healpy orientation (flip='astro'): longitude increasing to the left", fontsize=7)
 
         def update(k):
-            _, _, im = _mollweide_image(grid, result.density[idx[k]], 240, 120)
+            _, _, im = _mollweide_image(result.grid_at(idx[k]), result.density[idx[k]], 240, 120)
             mesh.set_array(_prepare(im, norm).ravel())
             ax.set_title(f"t = {result.times[idx[k]]:.3g}", fontsize=9)
             return (mesh,)
@@ -776,7 +818,8 @@ def animate(result, path, view="mollweide", fps=6, max_frames=60, dpi=80, scale=
             pts = pp["positions"][i] if pp else None
             for ax, v, side in ((axs[0], vv, "+v"), (axs[1], -vv, "-v")):
                 ax.clear()
-                plot_orthographic(grid, result.density[i], ax=ax, view=v, particles=pts, npix=160, norm=norm,
+                plot_orthographic(result.grid_at(i), result.density[i], ax=ax, view=v, particles=pts, npix=160,
+                                  norm=norm,
                                   title=f"seen from {side}", colorbar=False, markers=mk)
             fig.suptitle(f"t = {result.times[i]:.3g}", fontsize=10)
             return ()
@@ -817,6 +860,8 @@ def _make_figures(result, outdir, kinds):
         try:
             if kind == "maps" and dim in (2, 3):
                 save(plot_maps(result, kind="mollweide"), "maps_mollweide.png" if dim == 3 else "maps_circle.png")
+                if hasattr(result.grid, "order"):  # an adaptive grid: its mesh levels too
+                    save(plot_mesh(result), "mesh_levels.png")
                 if dim == 3:
                     save(plot_maps(result, kind="orthographic", particles=False), "maps_orthographic.png")
             elif kind == "diagnostics":

@@ -233,7 +233,7 @@ def _run_locked(cfg, out: Path, restart, progress, figures, stop_after_steps):
     if state is not None:
         try:
             _check_state(state, t_end, save, int(extra["n_saved"]))
-            writer = _io.ResultsWriter(res_path, cfg, grid, options, model, resume=int(extra["n_saved"]))
+            writer = _io.ResultsWriter(res_path, cfg, solver.grid, options, model, resume=int(extra["n_saved"]))
             solver.set_state(state)
             n_saved = int(extra["n_saved"])
             wall_before = float(extra.get("wall_time", 0.0))
@@ -253,7 +253,7 @@ def _run_locked(cfg, out: Path, restart, progress, figures, stop_after_steps):
 
         raise ConfigError("time.t_end", t_end, f"a run that fits scheme.max_steps: {exc}") from None
     if writer is None:
-        writer = _io.ResultsWriter(res_path, cfg, grid, options, model)
+        writer = _io.ResultsWriter(res_path, cfg, solver.grid, options, model)  # the grid at t = 0 (refined on f0)
 
     start = time.perf_counter()
     ck_every = cfg.output.checkpoint_every
@@ -288,7 +288,7 @@ def _run_locked(cfg, out: Path, restart, progress, figures, stop_after_steps):
         for i in range(n_saved, len(save)):
             solver.advance(float(save[i]), callback)
             writer.append(solver.t, solver.f, solver.diagnostics(), solver.n_steps,
-                          wall_before + time.perf_counter() - start)
+                          wall_before + time.perf_counter() - start, grid=solver.grid)
             saved_count[0] = i + 1
             checkpoint()
             solver.log_progress(log)
@@ -325,7 +325,7 @@ def concentration_series(result, p: float = 0.25) -> dict:
     model = result.model
     if not (hasattr(model, "B") and hasattr(model, "V")):
         return {}
-    grid = result.grid
+    grid = result.grid_at(0)
     s = spectral_data(model.B, model.V)
     w0 = result.density[0] * grid.areas
     limit = limit_measure(grid.centers, w0, model.B, model.V, spectral=s)
@@ -333,8 +333,9 @@ def concentration_series(result, p: float = 0.25) -> dict:
     out = {k: [] for k in keys}
     k = s.E.shape[0]
     p_eff = p if 2 * p < k else 0.5 * k * 0.5
-    vp_grid = grid if getattr(grid, "dim", None) == 3 else None  # V_p's grid path (exact cell weights) on S^2
-    for f in result.density:
+    for i, f in enumerate(result.density):
+        grid = result.grid_at(i)  # each saved state on its own cells (a grid that adapts)
+        vp_grid = grid if getattr(grid, "dim", None) == 3 else None  # V_p's grid path (exact cell weights) on S^2
         d = concentration_diagnostics(grid.centers, f * grid.areas, model.B, model.V, p=p_eff, limit=limit,
                                       spectral=s, strict_vp=False, grid=vp_grid)
         for kk in keys:
@@ -351,7 +352,7 @@ def particle_overlay(result, cfg: ExperimentConfig) -> dict:
     from .sampling import sample_grid_density
 
     pc = cfg.particles
-    x0 = sample_grid_density(result.grid, result.density[0], pc.n, rng=pc.seed)
+    x0 = sample_grid_density(result.grid_at(0), result.density[0], pc.n, rng=pc.seed)
     pr = simulate_particles(result.model, x0, cfg.time.t_end, pc.dt, save_at=np.asarray(result.times),
                             method=pc.method, hardmax=pc.hardmax, seed=[pc.seed, 1])  # noise: its own stream
     return {"times": pr.times, "positions": pr.positions, "weights": pr.weights}
@@ -408,7 +409,7 @@ def postprocess(result, cfg: ExperimentConfig, output, figures: bool = True):
         with _io._writing(res_path), h5py.File(res_path, "a") as h:
             for name, data in groups.items():
                 _io._write_dict_group(h, name, data)
-    if cfg.output.fits and getattr(result.grid, "nside", None) is not None:
+    if cfg.output.fits and (getattr(result.grid, "nside", None) is not None or hasattr(result.grid, "uniq")):
         fd = out / "fits"
         fd.mkdir(exist_ok=True)
         for i in range(len(result.times)):

@@ -502,14 +502,19 @@ class _Edges:
     def __init__(self, grid):
         self.grid = grid
         N = grid.n_cells
-        if hasattr(grid, "nside") and hasattr(grid, "_face"):  # HEALPix: lattice segments of the face map
-            h = 1.0 / grid.nside
-            x0, y0 = grid._ix * h, grid._iy * h
+        if hasattr(grid, "_face") and (hasattr(grid, "_x0") or hasattr(grid, "_ix")):
+            # HEALPix, uniform or adaptive: lattice segments of the face map (square side h per cell)
+            if hasattr(grid, "_x0"):  # adaptive: each cell its own corner and size
+                x0, y0, h = grid._x0, grid._y0, grid._h
+            else:
+                h = np.full(N, 1.0 / grid.nside)
+                x0, y0 = grid._ix * h, grid._iy * h
             # counter-clockwise in (x, y) (the face map preserves orientation): SE, NE, NW, SW
             sx = np.stack([x0, x0 + h, x0 + h, x0], 1)
             sy = np.stack([y0, y0, y0 + h, y0 + h], 1)
-            dx = np.broadcast_to([h, 0.0, -h, 0.0], (N, 4))
-            dy = np.broadcast_to([0.0, h, 0.0, -h], (N, 4))
+            z = np.zeros(N)
+            dx = np.stack([h, z, -h, z], 1)
+            dy = np.stack([z, h, z, -h], 1)
             self.kind = "healpix"
             self.face = np.repeat(grid._face, 4)
         elif getattr(grid, "dim", None) == 3 and hasattr(grid, "lo"):  # TensorGrid: boxes in (psi, phi)

@@ -346,14 +346,6 @@ def test_refinement_flags_follow_the_criteria():
     assert not ref_lo.any() and ref_hi.all()
 
 
-def test_results_file_refuses_an_adaptive_run_with_a_clear_error(tmp_path):
-    """Not written yet (issue #16 item 6): the error names the limitation and the way out, not a TypeError."""
-    res = sp.solve(AdaptiveHealpixGrid(4, 8), sp.Prescribed.rigid_rotation([1.0, 0.0, 0.0]),
-                   lambda x: np.exp(10 * (x[:, 2] - 1)), 0.2)
-    with pytest.raises(ValueError, match="adaptive HEALPix grids yet"):
-        sp.save_result(res, tmp_path / "r.h5")
-
-
 def test_attention_on_adaptive_grids():
     """The attention field takes the adaptive cells as sources and targets: on an adaptive grid that is in
     fact uniform the run equals HealpixGrid's to 1e-12 (measured 5e-15; the attention's tol is 1e-12), and

@@ -265,3 +265,26 @@ def test_lyapunov_vp_uniform_closed_forms_and_errors():
         lyapunov_vp_uniform(3, 1, 0.5)
     with pytest.raises(ValueError, match="k"):
         lyapunov_vp_uniform(3, 4, 0.2)
+
+
+@pytest.mark.parametrize("p", [0.25, 0.45])
+def test_vp_grid_path_on_adaptive_cells(p):
+    """The grid path of V_p on an adaptive HEALPix grid (each cell its own square of the face lattice):
+    a uniform adaptive grid gives HealpixGrid's cell averages (NESTED order; the same edges), and a grid
+    of three orders with pixel centres on E^perp is exact for the uniform density (the edge integrals
+    of every cell, at its own size: 1e-12 as for the uniform grid above)."""
+    import healpy as hp
+
+    from spherepde import HealpixGrid
+    from spherepde.grids.adaptive import AdaptiveHealpixGrid
+    from spherepde.spectral import vp_cell_averages
+
+    E = spectral_data(B_PAPER, V_PAPER).E
+    a, h = AdaptiveHealpixGrid(4, 4), HealpixGrid(4)
+    perm = hp.nest2ring(4, a.ipix)
+    assert np.abs(vp_cell_averages(a, E, p) / vp_cell_averages(h, E, p)[perm] - 1).max() < 1e-13
+    g = AdaptiveHealpixGrid(2, 8, refinement=False).refined_where(lambda gr: np.abs(gr.centers[:, 0]) < 0.3)
+    assert set(np.unique(g.order)) == {1, 2, 3}
+    w = g.areas / g.areas.sum()
+    vp = lyapunov_vp(g.centers, w, E, p, grid=g)
+    assert abs(vp / _vp_uniform_exact(p) - 1) < 1e-12
