@@ -209,3 +209,21 @@ def test_mesh_levels_figure_and_postprocess(finished, tmp_path):
     for i in range(4):  # E = span(e1) for the paper's matrices: alignment = int x_1^2 f, on state i's cells
         g = res.grid_at(i)
         assert abs(conc["alignment_E"][i] - float(res.density[i] * g.areas @ g.centers[:, 0] ** 2)) < 1e-12
+
+
+def test_cli_plot_and_fits_of_an_adaptive_run(finished, tmp_path):
+    """``spherepde plot DIR --kinds maps --fits`` on an adaptive run: the maps, the mesh levels and one
+    multi-order FITS map per saved state, each holding that state's cells."""
+    from astropy.io import fits
+
+    from spherepde.cli import main
+
+    res, run_dir = finished
+    out = tmp_path / "figs"
+    assert main(["-q", "plot", str(run_dir), "--kinds", "maps", "--fits", "-o", str(out)]) == 0
+    assert {"maps_mollweide.png", "maps_orthographic.png", "mesh_levels.png"} <= {p.name for p in out.iterdir()}
+    for i in range(len(res.times)):
+        with fits.open(out / "fits" / f"density_{i:04d}.fits") as hdul:
+            assert hdul[1].header["ORDERING"] == "NUNIQ"
+            assert np.array_equal(hdul[1].data["UNIQ"], res.grid_at(i).uniq)
+            assert hdul[1].header["TIME"] == res.times[i]
