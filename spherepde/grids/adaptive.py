@@ -95,16 +95,21 @@ class _Leaves:
         self._keys = self.uniq[self._sorted]
         self._ranges = None  # (kref, sorted starts, their ends) of the leaves' NESTED ranges at order kref
 
-    def refined(self, order: int, ipix) -> np.ndarray:
-        """True where pixel (order, ipix) holds a smaller leaf (it is refined further), by one search in the
-        leaves' NESTED ranges at their finest order (``order`` at most that order)."""
+    def _range_table(self):
+        """(kref, starts, ends, leaf index, leaf order) of the leaves' NESTED ranges at the finest order
+        present, sorted by start: the leaves tile the sphere, so the ranges tile [0, 12 4^kref)."""
         if self._ranges is None:
             o, p = uniq_to_nest(self.uniq)
             kref = int(o.max())
             start, end = p << (2 * (kref - o)), (p + 1) << (2 * (kref - o))
             srt = np.argsort(start)
-            self._ranges = (kref, start[srt], end[srt])
-        kref, start, end = self._ranges
+            self._ranges = (kref, start[srt], end[srt], srt, o[srt])
+        return self._ranges
+
+    def refined(self, order: int, ipix) -> np.ndarray:
+        """True where pixel (order, ipix) holds a smaller leaf (it is refined further), by one search in the
+        leaves' NESTED ranges at their finest order (``order`` at most that order)."""
+        kref, start, end, _, _ = self._range_table()
         if int(order) >= kref:  # no leaf is smaller than a pixel of the finest order present
             return np.zeros(np.shape(ipix), bool)
         sh = 2 * (kref - int(order))
@@ -121,20 +126,17 @@ class _Leaves:
         return np.where(hit, self._sorted[pos], -1)
 
     def containing(self, order, ipix, up: int = 2) -> np.ndarray:
-        """Leaf index of the leaf equal to or containing pixel (order, ipix), looking ``up`` orders up;
-        -1 where none is (the pixel is refined)."""
+        """Leaf index of the leaf equal to or containing pixel (order, ipix), at most ``up`` orders up;
+        -1 where none is (the pixel is refined). One search in the leaves' NESTED ranges: the leaf whose
+        range holds the pixel's first descendant (or ancestor) at the finest order present contains the
+        pixel iff its order is at most the pixel's."""
+        kref, start, _, leaf, lorder = self._range_table()
         order = np.asarray(order, np.int64)
         ipix = np.asarray(ipix, np.int64)
-        out = np.full(ipix.shape, -1, np.int64)
-        for j in range(up + 1):
-            todo = out < 0
-            if not todo.any():
-                break
-            o = order - j
-            ok = todo & (o >= 0)
-            idx = self.index(nest_to_uniq(np.maximum(o, 0), ipix >> (2 * j)))
-            out = np.where(ok & (idx >= 0), idx, out)
-        return out
+        a = (ipix << np.maximum(2 * (kref - order), 0)) >> np.maximum(2 * (order - kref), 0)
+        j = np.searchsorted(start, a, side="right") - 1
+        lo = lorder[j]
+        return np.where((lo <= order) & (order - lo <= up), leaf[j], -1)
 
 
 def _balance(uniq: np.ndarray, kmin: int, kmax: int) -> np.ndarray:

@@ -449,7 +449,13 @@ def stencil_classes(coef: np.ndarray, rel: float = 1e-12):
     # a grid of step 1e-9 relative: symmetric cells (differing by rounding, ~1e-13) share a key unless
     # a value sits on a rounding boundary (then the class is split: harmless, only a larger table)
     key = np.round(flat / (scale * 1e-9)).astype(np.int64)
-    _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    # rows to one 64-bit hash (wrapping products with fixed odd multipliers): np.unique of a 1-d array
+    # instead of rows (a lexicographic sort, 5x slower). Equal rows hash equal; two different rows that
+    # collide would share a class, and the check below then returns one class per cell (never wrong).
+    mult = np.random.default_rng(0x5EED).integers(1, 2 ** 62, key.shape[1], dtype=np.int64) | 1
+    with np.errstate(over="ignore"):
+        h = (key * mult).sum(axis=1) if key.shape[1] else np.zeros(N, np.int64)
+    _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
     inverse = inverse.ravel()
     order = np.argsort(first, kind="stable")
     rank = np.empty_like(order)

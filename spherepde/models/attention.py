@@ -390,6 +390,9 @@ class Attention(Model):
         if np.any(ny == 0):
             raise ValueError("sources must be points of the unit sphere (found a zero vector)")
         y = y / ny[:, None]
+        if not np.all(w > 0):  # a source of weight 0 adds exactly 0 to both sums: left out (a density that
+            keep = w > 0       # has collapsed into clusters is 0 on most cells, to the last bit)
+            y, w = y[keep], w[keep]
         M, N = x.shape[0], y.shape[0]
         out = np.empty((M, d))
         if M == 0:
