@@ -66,7 +66,7 @@ once, e.g. by an orphan worker of a killed driver.
 The dataset: dimensions = the sweep axes (plus ``time`` for the per-frame variables); each config key
 of an axis is a coordinate (``config_key`` attribute); variables (all with ``long_name`` and ``units``)
 
-* per saved time: ``mass``, ``min_density``, ``max_density`` of the density frames, and, where the
+* per saved time: ``mass``, ``min_density``, ``max_density``, ``n_cells`` of the density frames, and, where the
   model has (B, V), ``w2_limit`` (W2(rho_t, Pi#rho_0)), ``alignment_E``, ``alignment_F``,
   ``alignment_F_abs`` (the runner's concentration diagnostics);
 * per member: ``t_EF``, ``t_exit``, ``min_w2``, ``argmin_w2``, ``final_alignment_{E,F,F_abs}``,
@@ -113,6 +113,7 @@ FRAME_VARS = {
     "mass": ("total mass int f of the density frame", "1"),
     "min_density": ("minimum cell average of the density frame", "1"),
     "max_density": ("maximum cell average of the density frame", "1"),
+    "n_cells": ("cells of the frame's grid (an adaptive grid's change from frame to frame)", "1"),
     "w2_limit": ("W2 distance (chordal cost) of rho_t to the limit measure Pi#rho_0", "1"),
     "alignment_E": ("alignment int |P_E x|^2 drho_t with the eigenspace E", "1"),
     "alignment_F": ("alignment int |P_F x|^2 drho_t with the eigenspace F", "1"),
@@ -436,14 +437,14 @@ def member_record(result, cfg: ExperimentConfig) -> dict:
     from .diagnostics import exit_time, transition_time
 
     times = np.asarray(result.times, float)
-    dens = np.asarray(result.density, float)
-    areas = result.grid.areas
+    dens = [np.asarray(f, float) for f in result.density]  # each frame on its own grid (an adaptive one)
     nan = np.full(len(times), np.nan)
     conc = result.metadata.get("concentration") or {}
     frames = {
-        "mass": dens @ areas,
-        "min_density": dens.min(axis=1),
-        "max_density": dens.max(axis=1),
+        "mass": np.array([f @ result.grid_at(i).areas for i, f in enumerate(dens)]),
+        "min_density": np.array([f.min() for f in dens]),
+        "max_density": np.array([f.max() for f in dens]),
+        "n_cells": np.array([f.size for f in dens], float),
         "w2_limit": np.asarray(conc.get("w2_limit", nan), float),
         "alignment_E": np.asarray(conc.get("alignment_E", nan), float),
         "alignment_F": np.asarray(conc.get("alignment_F", nan), float),

@@ -227,3 +227,15 @@ def test_cli_plot_and_fits_of_an_adaptive_run(finished, tmp_path):
             assert hdul[1].header["ORDERING"] == "NUNIQ"
             assert np.array_equal(hdul[1].data["UNIQ"], res.grid_at(i).uniq)
             assert hdul[1].header["TIME"] == res.times[i]
+
+
+def test_sweep_record_of_an_adaptive_member(finished):
+    """A sweep member on an adaptive grid: its per-frame record is taken on each frame's own cells (the
+    mass of each is 1, the cell count is the frame's), where the uniform-grid code took one array."""
+    from spherepde.sweeps import member_record
+
+    res, _ = finished
+    rec = member_record(res, parse_config(CONFIG))
+    assert rec["frames"]["n_cells"] == [float(res.grid_at(i).n_cells) for i in range(len(res.times))]
+    assert np.allclose(rec["frames"]["mass"], 1.0, rtol=0, atol=1e-12)
+    assert rec["frames"]["max_density"] == [float(np.max(f)) for f in res.density]
