@@ -656,3 +656,33 @@ def test_sources_of_zero_weight_are_left_out(method):
     keep = w > 0
     assert np.array_equal(full, m.mean_field(x, y[keep], w[keep]))
     assert np.all(np.isfinite(full))
+
+
+def test_auto_leaves_the_series_when_its_bound_fails_at_most_targets():
+    """At tol 1e-12 (no fast path) "auto" took the in-house series whenever its degree was <= 64, even where
+    its bound fails at most targets (far from narrow clusters), which the direct sums then redo: the series
+    cost on top of the direct sums. Now the pass fraction of the last series call is remembered (in
+    get_state: a resumed run makes the same choices) and the series is left when it does not pay; a smooth
+    density (the series passes everywhere) keeps it. Either way the field is within tol of the direct sums."""
+    from spherepde import Attention, HealpixGrid
+
+    g = HealpixGrid(32)
+    B, V = np.diag([-1.0, -1.0, 1.0]), np.diag([-1.0, 1.0, -2.0])
+    c = np.array([[0.8, 0.6, 0.0], [-0.6, 0.0, 0.8]])
+    clusters = np.exp(3000.0 * (np.max(g.centers @ c.T, axis=1) - 1.0))  # two caps of ~0.018 rad
+    smooth = 1.0 + 0.3 * g.centers[:, 0]
+    exact = Attention(B, V, 30.0, method="direct")
+    for f, first, second in ((clusters, "spectral", "direct"), (smooth, "spectral", "spectral")):
+        m = Attention(B, V, 30.0)
+        w = f * g.areas
+        ref = exact.mean_field(g.centers, g.centers, w)
+        assert np.abs(m.mean_field(g.centers, g.centers, w) - ref).max() <= 1e-12
+        assert m._cache["method"] == first
+        state = m.get_state()
+        assert (state["series_pass"] < 0.9) == (second == "direct")  # clusters: 0.73 passed; smooth: all
+        assert np.abs(m.mean_field(g.centers, g.centers, w) - ref).max() <= 1e-12
+        assert m._cache["method"] == second
+        fresh = Attention(B, V, 30.0)
+        fresh.set_state(state)  # the choice is part of the state: a resumed run makes it the same way
+        fresh.mean_field(g.centers, g.centers, w)
+        assert fresh._cache["method"] == second
