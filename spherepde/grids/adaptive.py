@@ -372,8 +372,10 @@ class AdaptiveHealpixGrid(Grid):
                 q = nb[e]
                 if np.any(q < 0):  # pragma: no cover - healpy guarantees edge neighbours exist
                     raise RuntimeError("HEALPix edge neighbour missing")
-                same = self._leaves.index(nest_to_uniq(k, q))
-                coarse = self._leaves.index(nest_to_uniq(k - 1, q >> 2)) if k > 0 else np.full(len(q), -1)
+                leaf = self._leaves.containing(np.full(q.shape, k), q, up=1)  # equal, or the parent
+                lo = self.order[np.maximum(leaf, 0)]
+                same = np.where((leaf >= 0) & (lo == k), leaf, -1)
+                coarse = np.where((leaf >= 0) & (lo == k - 1), leaf, -1)
                 # same order: once, from the cell first in the cell order; coarser neighbour: from this
                 # (the fine) side; a refined neighbour's children build the sub-faces
                 emit_same = (same >= 0) & (sel < same)
