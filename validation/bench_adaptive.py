@@ -17,10 +17,12 @@ nside_max 1024) is not run here yet: see the closing note of issue #16.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import time
 from pathlib import Path
 
+import numba
 import numpy as np
 
 from spherepde import AdaptiveHealpixGrid, HealpixGrid, Options, Prescribed, Solver, ZeroTemperature
@@ -92,6 +94,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--repeat", type=int, default=5)
     a = ap.parse_args(argv)
+    load = os.getloadavg()
     uni = HealpixGrid(a.nside)
     # a static grid of about the same count, three orders: nside/2 everywhere and a polar cap refined to
     # 2 nside (z > 0.6: 49728 cells against 49152 at nside 64)
@@ -102,7 +105,8 @@ def main(argv=None):
     per_regrid, per_step, cells, spread = regrid_cost(a.nside, a.steps * 2, a.repeat)
     lines = [
         "# Adaptive grid cost (validation/bench_adaptive.py)", "",
-        f"Machine: {platform.processor() or platform.machine()}, {a.steps} steps x {a.repeat} repeats "
+        f"Machine: {platform.processor() or platform.machine()}, {numba.get_num_threads()} Numba thread(s), load "
+        f"average before the run {load[0]:.1f}; {a.steps} steps x {a.repeat} repeats "
         "(median [min, max]); steady zero-temperature field, linear + positivity limiter, SSP-RK2, error control.", "",
         "| grid | cells | cell-stage updates / s |", "|---|---|---|",
         f"| HealpixGrid({a.nside}) | {uni.n_cells} | {ru[0]:.3g} [{ru[1]:.3g}, {ru[2]:.3g}] |",

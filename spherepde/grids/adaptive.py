@@ -439,6 +439,17 @@ class AdaptiveHealpixGrid(Grid):
         return out
 
     @cached_property
+    def kernel_split(self):
+        """(small, large) int32 cell lists of the stage kernel (:func:`~spherepde.kernels.fv.stage_update_split`):
+        the cells with at most 8 stencil cells and 4 faces (inside a patch of one order; their padding is
+        last in their rows) and the others."""
+        N = self.n_cells
+        ns = np.count_nonzero(self.stencil != np.arange(N)[:, None], axis=1)
+        nf = np.count_nonzero(self.cell_face_sign, axis=1)
+        small = (ns <= 8) & (nf <= 4)
+        return np.nonzero(small)[0].astype(np.int32), np.nonzero(~small)[0].astype(np.int32)
+
+    @cached_property
     def error_blocks(self) -> np.ndarray:
         """Blocks of sibling cells (the four children of one parent; see :attr:`Grid.error_blocks`): the
         parent's NUNIQ, numbered; cells of order ``nside_min``'s order 0 are their own block."""

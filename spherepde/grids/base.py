@@ -148,6 +148,10 @@ class Grid:
         K = self.cell_faces.shape[1]
         return _small_ints(self.cell_inflow.astype(np.int64) - K * np.arange(self.n_cells)[:, None])
 
+    #: (small, large) cell lists of the stage kernel on grids with mixed stencil sizes (see
+    #: :func:`spherepde.kernels.fv.stage_update_split`); None: one loop over all cells.
+    kernel_split = None
+
     @cached_property
     def kernel_areas(self) -> np.ndarray:
         """``areas``, or a (1,) array when all cells have the same area (HEALPix): the kernels then read

@@ -386,10 +386,14 @@ def cell_update(fa, fb, flux, cell_faces, cell_sign, area, dt, alpha, out, clip)
 
 
 @njit(inline="always")
-def _cell_outflows(i, fb, stencil, coef, ci, side, capf, linear, limit, outflow, S, K, DL):
+def _cell_outflows(i, fb, stencil, coef, ci, side, capf, linear, limit, outflow, S, K, DL, KS=-1):
     """Outflows of cell i through each of its faces over one stage, q f_i + theta g_i . Q, into
-    outflow[i * K + k] (gradient, limiter and outflows of pass 1 of :func:`stage_update`); ``stencil``
-    holds index offsets (neighbour - i), capf = (1 - OUTFLOW_MARGIN) |C_i| / dt."""
+    outflow[i * KS + k] (gradient, limiter and outflows of pass 1 of :func:`stage_update`); ``stencil``
+    holds index offsets (neighbour - i), capf = (1 - OUTFLOW_MARGIN) |C_i| / dt. ``S`` and ``K``: the
+    stencil slots and faces looped over (the first ones of the cell's rows); ``KS``: the row width of the
+    flat outflow layout (default K)."""
+    if KS < 0:
+        KS = K
     fi = fb[i]
     g0 = g1 = g2 = 0.0
     if linear:
@@ -401,19 +405,51 @@ def _cell_outflows(i, fb, stencil, coef, ci, side, capf, linear, limit, outflow,
             g2 *= theta
     if limit:  # >= 0 already but on faces of negligible outflow (see _positivity_theta), clipped there
         for k in range(K):
-            outflow[i * K + k] = max(side[i, k, 0] * fi + _side_dot(i, k, side, g0, g1, g2, DL), 0.0)
+            outflow[i * KS + k] = max(side[i, k, 0] * fi + _side_dot(i, k, side, g0, g1, g2, DL), 0.0)
     else:
         for k in range(K):
-            outflow[i * K + k] = side[i, k, 0] * fi + _side_dot(i, k, side, g0, g1, g2, DL)
+            outflow[i * KS + k] = side[i, k, 0] * fi + _side_dot(i, k, side, g0, g1, g2, DL)
 
 
 @njit(inline="always")
-def _cell_net(i, fa, fb, inflow, outflow, r, alpha, out, K, clip):
-    """Pass 2 of :func:`stage_update` for cell i: own outflows minus inflows, then the stage value."""
+def _cell_net(i, fa, fb, inflow, outflow, r, alpha, out, K, clip, KS=-1):
+    """Pass 2 of :func:`stage_update` for cell i: own outflows minus inflows, then the stage value (``K``
+    faces looped over, ``KS`` the row width of the outflow layout, default K)."""
+    if KS < 0:
+        KS = K
     s = 0.0
     for k in range(K):
-        s += outflow[i * K + k] - outflow[uint64(i * K + inflow[i, k])]  # unsigned: as in _cell_outflows
+        s += outflow[i * KS + k] - outflow[uint64(i * KS + inflow[i, k])]  # unsigned: as in _cell_outflows
     out[i] = _stage_value(fa[i], fb[i], s, r, alpha, clip)
+
+
+@njit(parallel=True, cache=True)
+def stage_update_split(fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alpha, small, large, outflow,
+                       out):
+    """:func:`stage_update` for adaptive HEALPix grids (S = 12, K = 8, d = 3) with the default scheme
+    (linear, positivity limiter), the cells in two lists (``Grid.kernel_split``): ``small``, the cells
+    with at most 8 stencil cells and 4 faces (inside a patch of one order: most cells), looped over their
+    first 8 stencil slots and 4 faces, and ``large`` (next to a refinement boundary) over all 12 and 8.
+    The slots left out are padding (a stencil slot of the cell itself with coefficient 0, a face of zero
+    moments), which adds exact zeros: the result is :func:`stage_update`'s bit for bit. ``area`` (N,), or
+    (1,) for equal areas (an adaptive grid that is in fact uniform)."""
+    one = area.shape[0] == 1
+    for j in prange(small.shape[0]):
+        i = small[j]
+        a = area[0] if one else area[i]
+        _cell_outflows(i, fb, stencil_off, coef, cls[i], side, (1.0 - OUTFLOW_MARGIN) * a / dt, True,
+                       True, outflow, 8, 4, 2, 8)
+    for j in prange(large.shape[0]):
+        i = large[j]
+        a = area[0] if one else area[i]
+        _cell_outflows(i, fb, stencil_off, coef, cls[i], side, (1.0 - OUTFLOW_MARGIN) * a / dt, True,
+                       True, outflow, 12, 8, 2, 8)
+    for j in prange(small.shape[0]):
+        i = small[j]
+        _cell_net(i, fa, fb, inflow_off, outflow, dt / (area[0] if one else area[i]), alpha, out, 4, True, 8)
+    for j in prange(large.shape[0]):
+        i = large[j]
+        _cell_net(i, fa, fb, inflow_off, outflow, dt / (area[0] if one else area[i]), alpha, out, 8, True, 8)
 
 
 @njit(parallel=True, cache=True)
