@@ -440,8 +440,10 @@ def member_record(result, cfg: ExperimentConfig) -> dict:
     dens = [np.asarray(f, float) for f in result.density]  # each frame on its own grid (an adaptive one)
     nan = np.full(len(times), np.nan)
     conc = result.metadata.get("concentration") or {}
+    mass = np.asarray(result.density, float) @ result.grid.areas if result.grids is None else \
+        np.array([f @ result.grid_at(i).areas for i, f in enumerate(dens)])  # (one product: as solve's users)
     frames = {
-        "mass": np.array([f @ result.grid_at(i).areas for i, f in enumerate(dens)]),
+        "mass": mass,
         "min_density": np.array([f.min() for f in dens]),
         "max_density": np.array([f.max() for f in dens]),
         "n_cells": np.array([f.size for f in dens], float),

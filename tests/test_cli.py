@@ -172,7 +172,7 @@ plots = ["maps", "diagnostics", "concentration"]
     (["run"], "required: experiment"),                          # a missing argument
     (["plot", "x.h5", "--kinds", "mapz"], "--kinds: got 'mapz'; allowed: maps"),  # a typo in --kinds
     (["plot", "missing.h5"], "results file not found"),
-    (["run", "no_such_example"], "nor a packaged example; available: attention_small_beta"),
+    (["run", "no_such_example"], "nor a packaged example; available: adaptive_clusters, attention_small_beta"),
     (["examples", "nope"], "no packaged example 'nope'"),
     (["validate", "--root", "nowhere"], "no validation studies"),
 ])
