@@ -11,8 +11,9 @@ default error control:
    time per regrid (grid rebuild with reused geometry plus transfer) against the time per step.
 
 Usage: python validation/bench_adaptive.py [--nside 64] [--steps 40] [--repeat 5]
-Writes validation/bench_adaptive.md. The paper-scale benchmark of the issue (beta 100, T = 20, nside_min 32,
-nside_max 1024) is not run here yet: see the closing note of issue #16.
+Writes validation/bench_adaptive.md. ``--paper [--limit 900] [--attention 1e9]`` runs only the paper-scale
+benchmark of the issue instead (beta 100, T = 20, perturbed f0, nside_min 32, nside_max 1024; wall time,
+the time reached within the limit, peak memory, the cell count against t): bench_adaptive_paper.md/.png.
 """
 from __future__ import annotations
 
@@ -88,12 +89,45 @@ def regrid_cost(nside: int, steps: int, repeat: int):
         (float(min(per_regrid[1:])), float(max(per_regrid[1:])))
 
 
+def paper_scale(limit_s: float, attention: float):
+    """The issue's paper-scale run: beta 100, paper matrices, the perturbed f0 (eps 0.05), T = 20, nside_min
+    32, nside_max 1024, Refinement(attention=...), stopped after ``limit_s`` seconds of wall time. Returns
+    the wall time, the time reached, peak memory (max RSS, bytes) and the cell count against t."""
+    import resource
+
+    from spherepde import Attention
+    from spherepde.config import perturbed_uniform
+
+    p = MATRIX_PRESETS["paper"]
+    grid = AdaptiveHealpixGrid(32, 1024, refinement=Refinement(attention=attention), max_cells=3_000_000)
+    t0 = time.perf_counter()
+    s = Solver(grid, Attention(p["B"], p["V"], 100.0), lambda x: perturbed_uniform(x, 0.05), Options())
+    track = [(0.0, s.grid.n_cells, time.perf_counter() - t0)]
+    while s.t < 20.0 and time.perf_counter() - t0 < limit_s:
+        s.step(dt_max=20.0 - s.t)
+        if s.n_steps % 20 == 0:
+            track.append((s.t, s.grid.n_cells, time.perf_counter() - t0))
+    track.append((s.t, s.grid.n_cells, time.perf_counter() - t0))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"wall_s": time.perf_counter() - t0, "t": s.t, "steps": s.n_steps, "peak_rss": rss,
+            "track": track, "attention": attention, "max_cells": max(c for _, c, _ in track)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nside", type=int, default=64)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--paper", action="store_true",
+                    help="only the paper-scale run (beta 100, T = 20, nside 32..1024), stopped after --limit s; "
+                         "writes bench_adaptive_paper.md and .png")
+    ap.add_argument("--limit", type=float, default=900.0, help="wall-time limit of --paper (s; the target is 900)")
+    ap.add_argument("--attention", type=float, default=1e9,
+                    help="Refinement.attention of --paper (default 1e9: refine on the variation of f only; the "
+                         "default 0.5 starts on 786432 cells)")
     a = ap.parse_args(argv)
+    if a.paper:
+        return write_paper(paper_scale(a.limit, a.attention), a.limit)
     load = os.getloadavg()
     uni = HealpixGrid(a.nside)
     # a static grid of about the same count, three orders: nside/2 everywhere and a polar cap refined to
@@ -120,6 +154,36 @@ def main(argv=None):
     text = "\n".join(lines)
     (HERE / "bench_adaptive.md").write_text(text)
     print(text)
+
+
+def write_paper(r: dict, limit: float):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = r["t"] >= 20.0 - 1e-9
+    lines = ["# Paper-scale adaptive run (validation/bench_adaptive.py --paper)", "",
+             "beta 100, paper matrices, perturbed f0 (eps 0.05), T = 20, AdaptiveHealpixGrid(32, 1024), "
+             f"Refinement(attention={r['attention']:g}); machine {platform.processor() or platform.machine()}, "
+             f"{numba.get_num_threads()} Numba thread(s), load average before the run {os.getloadavg()[0]:.1f}.", "",
+             f"- wall time: {r['wall_s']:.0f} s (target <= 900 s){'' if done else f', stopped at the limit of {limit:g} s'}",
+             f"- reached t = {r['t']:.3g} of 20 in {r['steps']} steps" + ("" if done else ": **not finished**"),
+             f"- peak memory (max RSS): {r['peak_rss'] / 2**30:.2f} GiB (target <= 2 GB)",
+             f"- cells: {r['track'][0][1]} at t = 0, at most {r['max_cells']}", ""]
+    (HERE / "bench_adaptive_paper.md").write_text("\n".join(lines))
+    t, c, _ = np.array(r["track"]).T
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(t, c)
+    ax.set_xlabel("t")
+    ax.set_ylabel("cells")
+    ax.set_title("paper-scale adaptive run: cell count against t", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(HERE / "bench_adaptive_paper.png", dpi=110)
+    plt.close(fig)
+    print("\n".join(lines))
+    return 0
 
 
 if __name__ == "__main__":
