@@ -519,8 +519,7 @@ class Solver:
             self._outflow = np.empty(grid.cell_faces.size)
         cls, coef = grid.stencil_classes
         split = grid.kernel_split if (linear and opt.limiter != "none") else None
-        if split is not None and grid.stencil.shape[1] == 12 and grid.cell_faces.shape[1] == 8 and coef.shape[2] == 2:
-            # mixed stencil sizes (adaptive HEALPix): each cell looped over its own (the same bits)
+        if split is not None:  # mixed stencil sizes (adaptive HEALPix): each cell looped over its own (the same bits)
             fv.stage_update_split(fa, fb, grid.stencil_offsets, cls, coef, mom[1], grid.inflow_offsets,
                                   grid.kernel_areas, dt, alpha, split[0], split[1], self._outflow, out)
             return

@@ -442,8 +442,11 @@ class AdaptiveHealpixGrid(Grid):
     def kernel_split(self):
         """(small, large) int32 cell lists of the stage kernel (:func:`~spherepde.kernels.fv.stage_update_split`):
         the cells with at most 8 stencil cells and 4 faces (inside a patch of one order; their padding is
-        last in their rows) and the others."""
+        last in their rows) and the others. The kernel is written for rows of 12 and 8 slots and frames of
+        2 components (S^2): None for any other shape."""
         N = self.n_cells
+        if (self.stencil.shape[1], self.cell_faces.shape[1], self.dim) != (STENCIL_WIDTH, FACE_WIDTH, 3):
+            return None  # pragma: no cover - the widths are the module's constants
         ns = np.count_nonzero(self.stencil != np.arange(N)[:, None], axis=1)
         nf = np.count_nonzero(self.cell_face_sign, axis=1)
         small = (ns <= 8) & (nf <= 4)
