@@ -452,9 +452,9 @@ class Solver:
             (tp, ap), (tn, an) = self._history
             g = self.grid
             w = f[g.owner] + f[g.neighbour]
-            scale = float(w @ np.abs(a).sum(axis=1))
+            scale = float(np.sum(w * np.abs(a).sum(axis=1)))  # not BLAS (see _error_ratio)
             d2 = ((a - an) / (t - tn) - (an - ap) / (tn - tp)) / (t - tp)  # second divided difference
-            self._field_curv = float(w @ np.abs(d2).sum(axis=1)) / scale if scale > 0 else 0.0
+            self._field_curv = float(np.sum(w * np.abs(d2).sum(axis=1))) / scale if scale > 0 else 0.0
             self._field_err = self._field_curv * (t - tn) * (t - tp)  # = |a - extrapolation(t)| / |a|
         self._history = (self._history + [(t, a)])[-2:]
 
@@ -631,7 +631,7 @@ class Solver:
     def _error_ratio(self, vals, dt: float) -> float:
         """The step's error ratio err (accept when <= 1): the embedded estimate in the mass norm over
         atol * mass + rtol * (the step's change), plus the predicted error of an extrapolated field."""
-        opt, st, areas = self.options, self._stepper, self.grid.areas
+        opt, st = self.options, self._stepper
         u0, un = vals[0], vals[len(st.stages)]
         e = un.copy()
         for w, v in zip(st.embedded, vals):
@@ -639,7 +639,9 @@ class Solver:
                 e -= w * v
         change = self._block_norm(un - u0)
         num = self._block_norm(e) + self._field_error_at(self.t + dt) * change
-        den = opt.atol * float(u0 @ areas) + opt.rtol * change
+        # grid.mass, not u0 @ areas: a BLAS dot right after the Numba kernels waits for their spinning
+        # threads (measured 3.3 ms per step at nside 98, half the cost of the step; a plain sum: 0.05 ms)
+        den = opt.atol * self.grid.mass(u0) + opt.rtol * change
         if den > 0:
             return num / den
         return 0.0 if num == 0 else np.inf
