@@ -28,6 +28,7 @@ import numpy as np
 
 from ._checks import finite_float, positive_int, real_array
 from .kernels import fv
+from .grids.base import quadratic_pairs, quadratic_width
 from .models import terms as _terms
 from .models.terms import attention_scale
 from .steppers import STEPPERS, SSPStepper, StepController, register_stepper
@@ -39,8 +40,8 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------- time steppers
 # The schemes and their embedded error estimates live in spherepde.steppers (re-exported here).
 
-#: Spatial schemes: first-order upwind, or linear reconstruction (second order).
-SCHEMES = ("upwind", "linear")
+#: Spatial schemes: first-order upwind, linear (second order) or quadratic (third order) reconstruction.
+SCHEMES = ("upwind", "linear", "quadratic")
 LIMITERS = ("positivity", "maximum", "none")
 
 
@@ -50,8 +51,12 @@ class Options:
 
     Parameters
     ----------
-    scheme : {"linear", "upwind"}, default "linear"
-        "linear": least-squares linear reconstruction (second order); "upwind": piecewise constant.
+    scheme : {"linear", "quadratic", "upwind"}, default "linear"
+        "linear": least-squares linear reconstruction (second order); "quadratic": least-squares
+        quadratic reconstruction on the same stencils (third order in space,
+        :func:`spherepde.grids.base.quadratic_stencil`; with the default SSP-RK3 stepper the scheme is
+        third order in time too), with the same positivity limiter applied to the whole quadratic;
+        "upwind": piecewise constant.
     limiter : {"positivity", "maximum", "none"}, default "positivity"
         "positivity": Zhang-Shu-type scaling of the reconstruction that guarantees non-negative cell
         averages for any CFL <= 1 and keeps smooth extrema second order. "maximum": the same plus a
@@ -110,6 +115,9 @@ class Options:
             raise ValueError(f"scheme must be one of {SCHEMES}, got {self.scheme!r}")
         if self.limiter not in LIMITERS:
             raise ValueError(f"limiter must be one of {LIMITERS}, got {self.limiter!r}")
+        if self.scheme == "quadratic" and self.limiter == "maximum":
+            raise ValueError("limiter='maximum' (the Barth-Jespersen bound of the linear reconstruction) needs "
+                             "scheme='linear'; with scheme='quadratic' use limiter 'positivity' or 'none'")
         if not isinstance(self.stepper, str) or self.stepper not in STEPPERS:
             raise ValueError(f"stepper must be one of {tuple(STEPPERS)}, got {self.stepper!r}")
         object.__setattr__(self, "cfl", finite_float(self.cfl, "cfl", low=0.0, high=1.0, low_open=True))
@@ -494,10 +502,19 @@ class Solver:
         mom = np.empty((grid.n_faces, fv.moment_width(grid.dim)))
         if a_prev is None:
             a_prev, c = a, 0.0
-        side = np.empty(grid.cell_faces.shape + (grid.dim,))  # (q, Q in the cell's tangent frame)
+        quadratic = self.options.scheme == "quadratic"
+        L, Q = quadratic_width(grid.dim)
+        # (q, Q in the cell's tangent frame[, quadratic moments])
+        side = np.empty(grid.cell_faces.shape + ((1 + L + Q) if quadratic else grid.dim,))
         if self._padding is None:
             self._padding = np.nonzero(grid.cell_face_sign == 0)
         side[self._padding] = 0.0
+        if quadratic:
+            pairs = np.array(quadratic_pairs(grid.dim), dtype=np.int64).reshape(-1, 2)
+            fv.face_side_moments_quadratic(a, a_prev, c, grid.face_points, grid.xbar, grid.tangent_basis,
+                                           grid.quadratic_coef[1], pairs[:, 0].copy(), pairs[:, 1].copy(),
+                                           grid.owner, grid.neighbour, grid.face_slots, mom, side)
+            return mom, side
         fv.face_side_moments(a, a_prev, c, grid.face_points, grid.xbar, grid.tangent_basis, grid.owner,
                              grid.neighbour, grid.face_slots, mom, side)
         return mom, side
@@ -517,6 +534,11 @@ class Solver:
             return
         if self._outflow is None:
             self._outflow = np.empty(grid.cell_faces.size)
+        if opt.scheme == "quadratic":
+            cls, coef = grid.quadratic_classes
+            fv.stage_update_quadratic(fa, fb, grid.stencil_offsets, cls, coef, mom[1], grid.inflow_offsets,
+                                      grid.kernel_areas, dt, alpha, opt.limiter != "none", self._outflow, out)
+            return
         cls, coef = grid.stencil_classes
         split = grid.kernel_split if (linear and opt.limiter != "none") else None
         if split is not None:  # mixed stencil sizes (adaptive HEALPix): each cell looped over its own (the same bits)

@@ -13,7 +13,10 @@ A grid's job is geometry only. The finite-volume kernels see flat arrays, never 
 - a least-squares gradient stencil ``stencil`` (N, S), tangent frames ``tangent_basis`` (N, d-1, d) and
   the coefficients in those frames ``stencil_coef_local`` (N, S, d-1):
   grad f_i = sum_k,t coef[i, k, t] (f[stencil[i, k]] - f[i]) basis[i, t] (padding: index i, coefficient
-  0); ``stencil_coef`` (N, S, d) is the same in ambient coordinates.
+  0); ``stencil_coef`` (N, S, d) is the same in ambient coordinates;
+- for the third-order scheme (``Options(scheme="quadratic")``), derived from the above on first use:
+  the cells' central second moments ``cell_moments2`` (N, d, d) and the quadratic least-squares
+  coefficients ``quadratic_coef`` (:func:`quadratic_stencil`).
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ from functools import cached_property
 
 import numpy as np
 
-__all__ = ["Grid", "least_squares_stencil", "tangent_frames", "stencil_classes", "incidence"]
+__all__ = ["Grid", "least_squares_stencil", "quadratic_stencil", "quadratic_width", "tangent_frames",
+           "stencil_classes", "incidence"]
 
 
 #: A cell whose quadrature values spread by more than this fraction of their largest magnitude is checked
@@ -115,6 +119,25 @@ class Grid:
         ``table[cls[i]]`` equals ``stencil_coef_local[i]`` to 1e-12 relative. HEALPix nside 256: 67332
         rows for 786432 cells, so the stage kernel streams a class index instead of 128 bytes."""
         return stencil_classes(self.stencil_coef_local)
+
+    @cached_property
+    def cell_moments2(self) -> np.ndarray:
+        """(N, d, d) central second moments (1/|C_i|) int_{C_i} (x - xbar_i)(x - xbar_i)^T dA of the cells,
+        from the cell quadrature ``cell_points`` / ``cell_weights`` (grids with another rule override it)."""
+        off = self.cell_points - self.xbar[:, None, :]
+        return np.ascontiguousarray(np.einsum("nqa,nqb,q->nab", off, off, self.cell_weights))
+
+    @cached_property
+    def quadratic_coef(self) -> tuple[np.ndarray, np.ndarray]:
+        """(coef (N, S, R), qmean (N, R - (d - 1))): the quadratic least-squares reconstruction of
+        :func:`quadratic_stencil` on this grid's stencil, frames, mean positions and second moments."""
+        nbrs = np.where(self.stencil == np.arange(self.n_cells)[:, None], -1, self.stencil)
+        return quadratic_stencil(self.xbar, self.cell_moments2, nbrs, self.tangent_basis)
+
+    @cached_property
+    def quadratic_classes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(cls (N,), table (C, S, R)): :attr:`quadratic_coef` grouped as in :attr:`stencil_classes`."""
+        return stencil_classes(self.quadratic_coef[0])
 
     @cached_property
     def cell_inflow(self) -> np.ndarray:
@@ -407,6 +430,79 @@ def least_squares_stencil(xbar: np.ndarray, neighbours: np.ndarray, basis: np.nd
     inv = np.linalg.inv(normal)
     coef = np.einsum("ntu,ns,nsu->nst", inv, w, local)  # (N, S, d-1)
     return np.ascontiguousarray(coef), np.ascontiguousarray(basis)
+
+
+def quadratic_width(d: int) -> tuple[int, int]:
+    """(L, Q): the linear (d - 1) and quadratic ((d - 1) d / 2) coefficients of a quadratic in the
+    tangent frame of S^{d-1}."""
+    return d - 1, (d - 1) * d // 2
+
+
+def quadratic_pairs(d: int) -> list[tuple[int, int]]:
+    """The frame index pairs (s, t), s <= t, of the quadratic monomials u_s u_t, in storage order."""
+    return [(s, t) for s in range(d - 1) for t in range(s, d - 1)]
+
+
+def quadratic_stencil(xbar: np.ndarray, moments2: np.ndarray, neighbours: np.ndarray, basis: np.ndarray):
+    """Coefficients of the quadratic least-squares reconstruction (third order) at each cell.
+
+    In cell i's tangent frame (``basis[i]``, rows b_t), with u = B_i (x - xbar_i), the reconstruction is
+
+        p_i(x) = f_i + sum_t g_t u_t + sum_{s<=t} h_st (u_s u_t - m_st),   m_st = mean over C_i of u_s u_t,
+
+    whose mean over C_i is f_i (conservative). The coefficients r = (g, h) minimise
+    sum_k w_k (mean_{C_k} p_i - f_k)^2 over the stencil neighbours k, w_k = 1 / |xbar_k - xbar_i|^2, where
+    the cell means of the monomials are exact: mean_{C_k} u = B_i (xbar_k - xbar_i) and
+    mean_{C_k} u u^T = B_i (M_k + D D^T) B_i^T, D = xbar_k - xbar_i, M_k the central second moments of C_k
+    (``moments2``). The fit is exact for every quadratic in u (k-exact, k = 2), so the reconstructed face
+    values are third-order accurate for smooth f on any cell shapes and sizes (mixed orders of an
+    adaptive grid included) where the stencil has at least L + Q well-placed neighbours
+    (:func:`quadratic_width`: 5 on S^2; HEALPix has 7-8, the tensor and adaptive stencils more).
+
+    Parameters
+    ----------
+    xbar : (N, d) cell mean positions. moments2 : (N, d, d) central second moments.
+    neighbours : (N, S) neighbour indices, -1 where absent. basis : (N, d-1, d) tangent frames.
+
+    Returns
+    -------
+    coef : (N, S, L + Q)
+        r_i = sum_k coef[i, k] (f[neighbour k] - f_i); zero rows for absent neighbours.
+    qmean : (N, Q)
+        m_st of each cell (the means subtracted from the quadratic monomials).
+    """
+    N, S = neighbours.shape
+    d = xbar.shape[1]
+    L, Q = quadratic_width(d)
+    pairs = quadratic_pairs(d)
+    present = neighbours >= 0
+    nb = np.where(present, neighbours, np.arange(N)[:, None])
+    D = xbar[nb] - xbar[:, None, :]  # (N, S, d)
+    lin = np.einsum("nsd,ntd->nst", D, basis)  # mean_{C_k} u, (N, S, L)
+    Mi = np.einsum("nsa,nab,ntb->nst", basis, moments2, basis)  # (N, L, L): m_st of cell i
+    Mk = np.einsum("nsa,nkab,ntb->nkst", basis, moments2[nb], basis) + lin[:, :, :, None] * lin[:, :, None, :]
+    A = np.empty((N, S, L + Q))
+    A[:, :, :L] = lin
+    qmean = np.empty((N, Q))
+    for j, (a, b) in enumerate(pairs):
+        A[:, :, L + j] = Mk[:, :, a, b] - Mi[:, None, a, b]
+        qmean[:, j] = Mi[:, a, b]
+    dist2 = np.einsum("nsd,nsd->ns", D, D)
+    w = np.where(present, 1.0 / np.where(dist2 > 0, dist2, 1.0), 0.0)
+    # scale the columns (linear ~ h, quadratic ~ h^2) so the normal matrix is well conditioned
+    h = np.sqrt(np.where(present, dist2, 0.0).max(axis=1))
+    h = np.where(h > 0, h, 1.0)
+    scale = np.concatenate([np.repeat(h[:, None], L, axis=1), np.repeat((h * h)[:, None], Q, axis=1)], axis=1)
+    As = A / scale[:, None, :]
+    normal = np.einsum("ns,nsa,nsb->nab", w, As, As)
+    ev = np.linalg.eigvalsh(normal) if N else np.ones((0, L + Q))
+    singular = ev[:, 0] <= 1e-10 * ev[:, -1]
+    if np.any(singular):
+        bad = int(np.nonzero(singular)[0][0])
+        raise ValueError(f"the quadratic reconstruction needs at least {L + Q} neighbours in general position; cell "
+                         f"{bad} has {int(present[bad].sum())} (use scheme='linear' on this grid)")
+    coef = np.einsum("nab,ns,nsb->nsa", np.linalg.inv(normal), w, As) / scale[:, None, :]
+    return np.ascontiguousarray(coef), np.ascontiguousarray(qmean)
 
 
 def tangent_frames(xbar: np.ndarray) -> np.ndarray:

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import math
 
+from functools import cached_property
+
 import numpy as np
 
 from .._checks import as_points, positive_int
@@ -253,6 +255,19 @@ class TensorGrid(Grid):
         pts, w, own = self._cell_quadrature(self.cell_order, np.arange(N))
         vol = np.bincount(own, w, minlength=N)
         self.xbar = np.stack([np.bincount(own, w * pts[:, c], minlength=N) for c in range(d)], axis=1) / vol[:, None]
+
+    @cached_property
+    def cell_moments2(self) -> np.ndarray:
+        """(N, d, d) central second moments of the cells, from the cell quadrature that gives ``xbar``."""
+        N, d = self.n_cells, self.dim
+        pts, w, own = self._cell_quadrature(self.cell_order, np.arange(N))
+        off = pts - self.xbar[own]
+        vol = np.bincount(own, w, minlength=N)
+        out = np.empty((N, d, d))
+        for a in range(d):
+            for b in range(a, d):
+                out[:, a, b] = out[:, b, a] = np.bincount(own, w * off[:, a] * off[:, b], minlength=N) / vol
+        return out
 
     def _box_rule(self, lo, hi, order: int, exponents):
         """Tensor Gauss rule on boxes lo, hi (n, m): angles (n, Q, m) and weights (n, Q) including
