@@ -491,6 +491,18 @@ class Solver:
             if key not in self._steady_cache:
                 self._steady_cache[key] = self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
             return self._steady_cache[key]
+        if active.local and getattr(active, "modes", None):  # v = sum_k c_k(t) v_k: each v_k evaluated once
+            key = (self._active_key, "modes")
+            if key not in self._steady_cache:
+                grid = self.grid
+                F, G, d = grid.face_points.shape
+                pts = grid.face_points.reshape(-1, d)
+                A = np.stack([self._normal_weights(active.mode_field(k, pts).reshape(F, G, d))
+                              for k in range(len(active.modes))])
+                self._steady_cache[key] = (A, np.empty((F, G)))
+            A, a = self._steady_cache[key]
+            fv.combine_weights(A, active.mode_coefficients(t), a)
+            return self._compute_moments(a)
         if active.local:
             return self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
         return self._compute_moments(*self._extrapolated_weights(t, f))

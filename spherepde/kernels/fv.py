@@ -526,6 +526,70 @@ def face_side_moments_quadratic(a, a_prev, c, pts, xbar, basis, qmean, pa, pb, o
     d = xbar.shape[1]
     L = d - 1
     Q = pa.shape[0]
+    if d == 3:  # S^2: scalar accumulators, branch-free (as face_side_moments); pairs (0,0), (0,1), (1,1)
+        for f in prange(F):
+            o = owner[f]
+            n = neigh[f]
+            P = Nn = 0.0
+            p0 = p1 = p2 = n0 = n1 = n2 = 0.0  # ambient first moments (for mom)
+            pu0 = pu1 = pq0 = pq1 = pq2 = 0.0  # owner frame: u, u u
+            nu0 = nu1 = nq0 = nq1 = nq2 = 0.0  # neighbour frame
+            for gg in range(G):
+                ag = a[f, gg]
+                ag = ag + c * (ag - a_prev[f, gg])
+                pos = max(ag, 0.0)
+                neg = min(ag, 0.0)
+                x0 = pts[f, gg, 0] - xbar[o, 0]
+                x1 = pts[f, gg, 1] - xbar[o, 1]
+                x2 = pts[f, gg, 2] - xbar[o, 2]
+                y0 = pts[f, gg, 0] - xbar[n, 0]
+                y1 = pts[f, gg, 1] - xbar[n, 1]
+                y2 = pts[f, gg, 2] - xbar[n, 2]
+                uo0 = basis[o, 0, 0] * x0 + basis[o, 0, 1] * x1 + basis[o, 0, 2] * x2
+                uo1 = basis[o, 1, 0] * x0 + basis[o, 1, 1] * x1 + basis[o, 1, 2] * x2
+                un0 = basis[n, 0, 0] * y0 + basis[n, 0, 1] * y1 + basis[n, 0, 2] * y2
+                un1 = basis[n, 1, 0] * y0 + basis[n, 1, 1] * y1 + basis[n, 1, 2] * y2
+                P += pos
+                Nn += neg
+                p0 += pos * x0
+                p1 += pos * x1
+                p2 += pos * x2
+                n0 += neg * y0
+                n1 += neg * y1
+                n2 += neg * y2
+                pu0 += pos * uo0
+                pu1 += pos * uo1
+                pq0 += pos * uo0 * uo0
+                pq1 += pos * uo0 * uo1
+                pq2 += pos * uo1 * uo1
+                nu0 += neg * un0
+                nu1 += neg * un1
+                nq0 += neg * un0 * un0
+                nq1 += neg * un0 * un1
+                nq2 += neg * un1 * un1
+            mom[f, 0] = P
+            mom[f, 1] = p0
+            mom[f, 2] = p1
+            mom[f, 3] = p2
+            mom[f, 4] = Nn
+            mom[f, 5] = n0
+            mom[f, 6] = n1
+            mom[f, 7] = n2
+            so = slots[f, 0]
+            sn = slots[f, 1]
+            side[o, so, 0] = P
+            side[o, so, 1] = pu0
+            side[o, so, 2] = pu1
+            side[o, so, 3] = pq0 - P * qmean[o, 0]
+            side[o, so, 4] = pq1 - P * qmean[o, 1]
+            side[o, so, 5] = pq2 - P * qmean[o, 2]
+            side[n, sn, 0] = -Nn
+            side[n, sn, 1] = -nu0
+            side[n, sn, 2] = -nu1
+            side[n, sn, 3] = -(nq0 - Nn * qmean[n, 0])
+            side[n, sn, 4] = -(nq1 - Nn * qmean[n, 1])
+            side[n, sn, 5] = -(nq2 - Nn * qmean[n, 2])
+        return
     for f in prange(F):
         o = owner[f]
         n = neigh[f]
@@ -655,6 +719,19 @@ def _quad_outflows(i, fb, stencil_off, coef, ci, side, a, dt, limit, outflow, S,
             theta = min(theta, max(cap - t0, 0.0) / s1)
     for k in range(K):
         outflow[base + k] = max(side[i, k, 0] * fi + theta * outflow[base + k], 0.0)
+
+
+@njit(parallel=True, cache=True)
+def combine_weights(A, c, out):
+    """out (F, G) = sum_k c[k] A[k] for the normal-velocity weights A (K, F, G) of a separable field's
+    modes (``Prescribed.separable``)."""
+    K, F, G = A.shape
+    for f in prange(F):
+        for g in range(G):
+            s = 0.0
+            for k in range(K):
+                s += c[k] * A[k, f, g]
+            out[f, g] = s
 
 
 @njit(parallel=True, cache=True)
