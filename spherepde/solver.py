@@ -389,12 +389,21 @@ class Solver:
         grid = self.grid
         F, G, d = grid.face_points.shape
         m = self._grid_mean_field(f, model)
+        if self._high_order_field:  # the quadratic scheme: the field third order too
+            coef = grid.center_quadratic_coef
+            mq = np.ascontiguousarray(np.einsum("nsr,nsc->ncr", coef, m[grid.stencil] - m[:, None, :]))
+            pairs = np.array(quadratic_pairs(d), dtype=np.int64).reshape(-1, 2)
+            mg = np.empty((F, G, d))
+            fv.interpolate_to_faces_quadratic(m, mq, grid.centers, grid.tangent_basis, pairs[:, 0].copy(),
+                                              pairs[:, 1].copy(), grid.owner, grid.neighbour, grid.face_points, mg)
+            if fused and hasattr(model, "V"):
+                return np.einsum("fgc,fgc->fg", mg, self._vtw_of(model))
+            v = model.velocity_from_mean(grid.face_points.reshape(-1, d), mg.reshape(-1, d)).reshape(F, G, d)
+            return self._normal_weights(v)
         grad = np.empty((grid.n_cells, d, d))
         fv.vector_gradient(m, grid.stencil, grid.stencil_coef, grad)
         if fused and hasattr(model, "V"):
-            vtw = self._vtw.get(id(model))
-            if vtw is None:
-                vtw = self._vtw[id(model)] = np.ascontiguousarray(grid.face_normals @ np.asarray(model.V, float))
+            vtw = self._vtw_of(model)
             a = np.empty((F, G))
             fv.attention_normal_weights(m, grad, grid.xbar, grid.owner, grid.neighbour, grid.face_points,
                                         vtw, a)
@@ -403,6 +412,19 @@ class Solver:
         fv.interpolate_to_faces(m, grad, grid.xbar, grid.owner, grid.neighbour, grid.face_points, mg)
         v = model.velocity_from_mean(grid.face_points.reshape(-1, d), mg.reshape(-1, d)).reshape(F, G, d)
         return self._normal_weights(v)
+
+    def _vtw_of(self, model) -> np.ndarray:
+        """V^T W_g at every face Gauss point for an attention term's V (cached per term)."""
+        vtw = self._vtw.get(id(model))
+        if vtw is None:
+            vtw = self._vtw[id(model)] = np.ascontiguousarray(self.grid.face_normals @ np.asarray(model.V, float))
+        return vtw
+
+    @property
+    def _high_order_field(self) -> bool:
+        """The attention field to third order (sources by ``Grid.source_rule``, quadratic interpolation to
+        the faces): with the quadratic scheme, on S^2 and up."""
+        return self.options.scheme == "quadratic" and self.grid.dim >= 3
 
     def _extrapolated_weights(self, t: float, f: np.ndarray):
         """Normal-velocity weights at time t as (a_n, a_p, c): a_n + c (a_n - a_p) (a_p None: a_n itself).
@@ -475,6 +497,11 @@ class Solver:
         """
         grid = self.grid
         model = self._heads[0][1] if model is None else model
+        if self._high_order_field:  # a 2 (d - 1)-point rule per cell with the linear variation of f: O(h^3)
+            from .grids.base import source_weights
+
+            pts = grid.source_rule[0]
+            return model.mean_field(grid.centers, pts.reshape(-1, grid.dim), source_weights(grid, f))
         w = f * grid.areas
         if self._circle_phi0 is not None and hasattr(model, "B") and \
                 getattr(model, "normalization", "softmax") == "softmax":

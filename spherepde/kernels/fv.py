@@ -778,6 +778,48 @@ def interpolate_to_faces(m, grad, xbar, owner, neigh, pts, out):
 
 
 @njit(parallel=True, cache=True)
+def interpolate_to_faces_quadratic(m, mq, centers, basis, pa, pb, owner, neigh, pts, out):
+    """Third-order interpolation of a vector field given at the cell centres to the face Gauss points:
+    at each point the mean of the owner's and the neighbour's quadratic fits m_i + sum_r mq[i, c, r]
+    phi_r(u), u = B_i (X - c_i) in the frame ``basis[i]``, phi = (u_t, then u_s u_t over the pairs
+    ``pa``, ``pb``) (``Grid.center_quadratic_coef``). ``out`` (F, G, k)."""
+    F, G, d = pts.shape
+    k = m.shape[1]
+    L = d - 1
+    Q = pa.shape[0]
+    for fc in prange(F):
+        o = owner[fc]
+        n = neigh[fc]
+        for gg in range(G):
+            for c in range(k):
+                out[fc, gg, c] = 0.5 * (m[o, c] + m[n, c])
+            for side in range(2):
+                i = o if side == 0 else n
+                # frame coordinates of the point about centre i
+                u0 = u1 = u2 = 0.0
+                for j in range(d):
+                    x = pts[fc, gg, j] - centers[i, j]
+                    u0 += basis[i, 0, j] * x
+                    if L > 1:
+                        u1 += basis[i, 1, j] * x
+                    if L > 2:
+                        u2 += basis[i, 2, j] * x
+                for c in range(k):
+                    v = mq[i, c, 0] * u0
+                    if L > 1:
+                        v += mq[i, c, 1] * u1
+                    if L > 2:
+                        v += mq[i, c, 2] * u2
+                    for q in range(Q):
+                        a_ = pa[q]
+                        b_ = pb[q]
+                        ua = u0 if a_ == 0 else (u1 if a_ == 1 else u2)
+                        ub = u0 if b_ == 0 else (u1 if b_ == 1 else u2)
+                        v += mq[i, c, L + q] * ua * ub
+                    out[fc, gg, c] += 0.5 * v
+
+
+@njit(parallel=True, cache=True)
 def attention_normal_weights(m, grad, xbar, owner, neigh, pts, vtw, a):
     """Normal-velocity weights a (F, G) of v = P_X(V m(X)) at the face Gauss points, with m interpolated
     from cell values as in :func:`interpolate_to_faces`.
