@@ -84,6 +84,22 @@ def moment_width(d: int) -> int:
     return 2 + 2 * d
 
 
+@njit(inline="always")
+def _add_point_moments(a, a_prev, c, pts, xbar, o, n, f, gg, d, mom):
+    """Add Gauss point gg of face f to its row of ``mom`` (the general-d loops); returns the point's
+    (max(a, 0), min(a, 0)) of the extrapolated weight a + c (a - a_prev)."""
+    ag = a[f, gg]
+    ag = ag + c * (ag - a_prev[f, gg])
+    pos = max(ag, 0.0)
+    neg = min(ag, 0.0)
+    mom[f, 0] += pos
+    mom[f, 1 + d] += neg
+    for k in range(d):
+        mom[f, 1 + k] += pos * (pts[f, gg, k] - xbar[o, k])
+        mom[f, 2 + d + k] += neg * (pts[f, gg, k] - xbar[n, k])
+    return pos, neg
+
+
 @njit(parallel=True, cache=True)
 def face_side_moments(a, a_prev, c, pts, xbar, basis, owner, neigh, slots, mom, side):
     """Face moments ``mom`` (F, 2 + 2d) = (P, MP, Nn, MN) from the normal-velocity weights
@@ -156,15 +172,7 @@ def face_side_moments(a, a_prev, c, pts, xbar, basis, owner, neigh, slots, mom, 
         for c2 in range(2 + 2 * d):
             mom[f, c2] = 0.0
         for gg in range(G):
-            ag = a[f, gg]
-            ag = ag + c * (ag - a_prev[f, gg])
-            pos = max(ag, 0.0)
-            neg = min(ag, 0.0)
-            mom[f, 0] += pos
-            mom[f, 1 + d] += neg
-            for k in range(d):
-                mom[f, 1 + k] += pos * (pts[f, gg, k] - xbar[o, k])
-                mom[f, 2 + d + k] += neg * (pts[f, gg, k] - xbar[n, k])
+            _add_point_moments(a, a_prev, c, pts, xbar, o, n, f, gg, d, mom)
         so = slots[f, 0]
         sn = slots[f, 1]
         side[o, so, 0] = mom[f, 0]
@@ -601,15 +609,7 @@ def face_side_moments_quadratic(a, a_prev, c, pts, xbar, basis, qmean, pa, pb, o
             side[o, so, r] = 0.0
             side[n, sn, r] = 0.0
         for gg in range(G):
-            ag = a[f, gg]
-            ag = ag + c * (ag - a_prev[f, gg])
-            pos = max(ag, 0.0)
-            neg = min(ag, 0.0)
-            mom[f, 0] += pos
-            mom[f, 1 + d] += neg
-            for k in range(d):
-                mom[f, 1 + k] += pos * (pts[f, gg, k] - xbar[o, k])
-                mom[f, 2 + d + k] += neg * (pts[f, gg, k] - xbar[n, k])
+            pos, neg = _add_point_moments(a, a_prev, c, pts, xbar, o, n, f, gg, d, mom)
             if pos > 0.0:
                 cell, sl, w = o, so, pos
             elif neg < 0.0:
