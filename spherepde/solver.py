@@ -528,7 +528,14 @@ class Solver:
                               for k in range(len(active.modes))])
                 self._steady_cache[key] = (A, np.empty((F, G)))
             A, a = self._steady_cache[key]
-            fv.combine_weights(A, active.mode_coefficients(t), a)
+            c = active.mode_coefficients(t)
+            if len(c) == 1:  # one mode: max(c a, 0) = |c| max(+-a, 0), so the moments of +-v_1 scale
+                key1 = (self._active_key, "mode+" if c[0] >= 0 else "mode-")
+                if key1 not in self._steady_cache:
+                    self._steady_cache[key1] = self._compute_moments(A[0] if c[0] >= 0 else -A[0])
+                mom, side = self._steady_cache[key1]
+                return abs(c[0]) * mom, abs(c[0]) * side
+            fv.combine_weights(A, c, a)
             return self._compute_moments(a)
         if active.local:
             return self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
