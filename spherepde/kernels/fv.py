@@ -85,6 +85,19 @@ def moment_width(d: int) -> int:
 
 
 @njit(inline="always")
+def _store_moments3(mom, f, P, p0, p1, p2, Nn, n0, n1, n2):
+    """Row f of the face moments on S^2: (P, MP, Nn, MN)."""
+    mom[f, 0] = P
+    mom[f, 1] = p0
+    mom[f, 2] = p1
+    mom[f, 3] = p2
+    mom[f, 4] = Nn
+    mom[f, 5] = n0
+    mom[f, 6] = n1
+    mom[f, 7] = n2
+
+
+@njit(inline="always")
 def _add_point_moments(a, a_prev, c, pts, xbar, o, n, f, gg, d, mom):
     """Add Gauss point gg of face f to its row of ``mom`` (the general-d loops); returns the point's
     (max(a, 0), min(a, 0)) of the extrapolated weight a + c (a - a_prev)."""
@@ -150,14 +163,7 @@ def face_side_moments(a, a_prev, c, pts, xbar, basis, owner, neigh, slots, mom, 
                 n0 += neg * (X0 - xn0)
                 n1 += neg * (X1 - xn1)
                 n2 += neg * (X2 - xn2)
-            mom[f, 0] = P
-            mom[f, 1] = p0
-            mom[f, 2] = p1
-            mom[f, 3] = p2
-            mom[f, 4] = Nn
-            mom[f, 5] = n0
-            mom[f, 6] = n1
-            mom[f, 7] = n2
+            _store_moments3(mom, f, P, p0, p1, p2, Nn, n0, n1, n2)
             so = slots[f, 0]
             sn = slots[f, 1]
             side[o, so, 0] = P
@@ -575,14 +581,7 @@ def face_side_moments_quadratic(a, a_prev, c, pts, xbar, basis, qmean, pa, pb, o
                 nq0 += neg * un0 * un0
                 nq1 += neg * un0 * un1
                 nq2 += neg * un1 * un1
-            mom[f, 0] = P
-            mom[f, 1] = p0
-            mom[f, 2] = p1
-            mom[f, 3] = p2
-            mom[f, 4] = Nn
-            mom[f, 5] = n0
-            mom[f, 6] = n1
-            mom[f, 7] = n2
+            _store_moments3(mom, f, P, p0, p1, p2, Nn, n0, n1, n2)
             so = slots[f, 0]
             sn = slots[f, 1]
             side[o, so, 0] = P
