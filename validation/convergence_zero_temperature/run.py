@@ -186,6 +186,7 @@ def plot(rows, path):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401 (the NullFormatter of the minor ticks)
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, case in zip(axes, CASES):
@@ -197,12 +198,14 @@ def plot(rows, path):
             for n, ls in (("L1", "-"), ("L2", "--"), ("Linf", ":")):
                 ax.loglog(h, [r[n] for r in rs], ls, marker=mk, label=f"{scheme} {n}")
         h = np.array(sorted({np.sqrt(4 * np.pi / (12 * r["nside"] ** 2)) for r in rows}))
-        ax.loglog(h, 0.5 * (h / h[-1]) ** 2 * min(r["L1"] for r in rows if r["case"] == case), "k-", lw=0.7,
-                  label="slope 2")
-        ax.loglog(h, 0.5 * (h / h[-1]) ** 3 * min(r["L1"] for r in rows if r["case"] == case), "k--", lw=0.7,
-                  label="slope 3")
+        # reference slopes through half the finest error of the scheme of that order
+        for p_, scheme, ls in ((2, "linear", "k-"), (3, "quadratic", "k--")):
+            fin = [r["L1"] for r in rows if r["case"] == case and r["scheme"] == scheme]
+            if fin:
+                ax.loglog(h, 0.5 * min(fin) * (h / h[0]) ** p_, ls, lw=0.7, label=f"slope {p_}")
         ax.set_title(f"{case} pair, t = {CASES[case]['t']}")
         ax.set_xlabel("h = sqrt(cell area)")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_ylabel("relative error of cell averages")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=7)
