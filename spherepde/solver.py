@@ -28,7 +28,7 @@ import numpy as np
 
 from ._checks import finite_float, positive_int, real_array
 from .kernels import fv
-from .grids.base import quadratic_pairs, quadratic_width
+from .grids.base import quadratic_pair_arrays, quadratic_width, source_weights
 from .models import terms as _terms
 from .models.terms import attention_scale
 from .steppers import STEPPERS, SSPStepper, StepController, register_stepper
@@ -392,10 +392,10 @@ class Solver:
         if self._high_order_field:  # the quadratic scheme: the field third order too
             coef = grid.center_quadratic_coef
             mq = np.ascontiguousarray(np.einsum("nsr,nsc->ncr", coef, m[grid.stencil] - m[:, None, :]))
-            pairs = np.array(quadratic_pairs(d), dtype=np.int64).reshape(-1, 2)
+            pa, pb = quadratic_pair_arrays(d)
             mg = np.empty((F, G, d))
-            fv.interpolate_to_faces_quadratic(m, mq, grid.centers, grid.tangent_basis, pairs[:, 0].copy(),
-                                              pairs[:, 1].copy(), grid.owner, grid.neighbour, grid.face_points, mg)
+            fv.interpolate_to_faces_quadratic(m, mq, grid.centers, grid.tangent_basis, pa, pb, grid.owner,
+                                              grid.neighbour, grid.face_points, mg)
             if fused and hasattr(model, "V"):
                 return np.einsum("fgc,fgc->fg", mg, self._vtw_of(model))
             v = model.velocity_from_mean(grid.face_points.reshape(-1, d), mg.reshape(-1, d)).reshape(F, G, d)
@@ -498,8 +498,6 @@ class Solver:
         grid = self.grid
         model = self._heads[0][1] if model is None else model
         if self._high_order_field:  # a 2 (d - 1)-point rule per cell with the linear variation of f: O(h^3)
-            from .grids.base import source_weights
-
             pts = grid.source_rule[0]
             return model.mean_field(grid.centers, pts.reshape(-1, grid.dim), source_weights(grid, f))
         w = f * grid.areas
@@ -556,10 +554,10 @@ class Solver:
             self._padding = np.nonzero(grid.cell_face_sign == 0)
         side[self._padding] = 0.0
         if quadratic:
-            pairs = np.array(quadratic_pairs(grid.dim), dtype=np.int64).reshape(-1, 2)
+            pa, pb = quadratic_pair_arrays(grid.dim)
             fv.face_side_moments_quadratic(a, a_prev, c, grid.face_points, grid.xbar, grid.tangent_basis,
-                                           grid.quadratic_coef[1], pairs[:, 0].copy(), pairs[:, 1].copy(),
-                                           grid.owner, grid.neighbour, grid.face_slots, mom, side)
+                                           grid.quadratic_coef[1], pa, pb, grid.owner, grid.neighbour,
+                                           grid.face_slots, mom, side)
             return mom, side
         fv.face_side_moments(a, a_prev, c, grid.face_points, grid.xbar, grid.tangent_basis, grid.owner,
                              grid.neighbour, grid.face_slots, mom, side)

@@ -481,6 +481,12 @@ def quadratic_pairs(d: int) -> list[tuple[int, int]]:
     return [(s, t) for s in range(d - 1) for t in range(s, d - 1)]
 
 
+def quadratic_pair_arrays(d: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`quadratic_pairs` as two contiguous int64 arrays (s's, t's), what the kernels take."""
+    pairs = np.array(quadratic_pairs(d), dtype=np.int64).reshape(-1, 2)
+    return np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
+
+
 def quadratic_stencil(xbar: np.ndarray, moments2: np.ndarray, neighbours: np.ndarray, basis: np.ndarray):
     """Coefficients of the quadratic least-squares reconstruction (third order) at each cell.
 
