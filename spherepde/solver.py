@@ -532,7 +532,9 @@ class Solver:
                 if key1 not in self._steady_cache:
                     self._steady_cache[key1] = self._compute_moments(A[0] if c[0] >= 0 else -A[0])
                 mom, side = self._steady_cache[key1]
-                return abs(c[0]) * mom, abs(c[0]) * side
+                # the scale travels with the moments (a third element): a stage with moments s m and step
+                # dt is the stage with m and s dt, and the rates scale by s, so no scaled copy is made
+                return mom, side, abs(float(c[0]))
             fv.combine_weights(A, c, a)
             return self._compute_moments(a)
         if active.local:
@@ -566,6 +568,8 @@ class Solver:
     # ------------------------------------------------------------------ one step
     def _rhs_stage(self, fa, fb, mom, dt, alpha, out):
         grid, opt = self.grid, self.options
+        if len(mom) > 2:  # moments (m, side, s) stand for s m: every stage kernel is linear in dt m
+            dt = dt * mom[2]
         linear = opt.scheme == "linear"
         if linear and opt.limiter == "maximum":  # gradient, two scalings, then the face fluxes
             cls, coef = grid.stencil_classes
@@ -605,12 +609,13 @@ class Solver:
     def _rates(self, mom):
         """(max outflow Courant rate, max discrete div v) of a moment set. Memoised on the last set:
         the same moments are asked for by the diagnostics after a step and by the next step."""
-        if mom is self._rates_of:
-            return self._last_rates
-        g = self.grid
-        fv.cell_rates(mom[0], g.cell_faces, g.cell_face_sign, g.areas, self._rate, self._div)
-        self._rates_of, self._last_rates = mom, (float(self._rate.max()), float(self._div.max()))
-        return self._last_rates
+        s = mom[2] if len(mom) > 2 else 1.0  # moments (m, side, s) stand for s m (s >= 0)
+        if mom[0] is not self._rates_of:
+            g = self.grid
+            fv.cell_rates(mom[0], g.cell_faces, g.cell_face_sign, g.areas, self._rate, self._div)
+            self._rates_of, self._last_rates = mom[0], (float(self._rate.max()), float(self._div.max()))
+        rate, div = self._last_rates
+        return (rate, div) if s == 1.0 else (s * rate, s * div)
 
     def _record(self):
         _, sup_div = self._rates(self._mom)

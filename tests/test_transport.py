@@ -48,8 +48,10 @@ def test_separable_field_equals_the_plain_field(scheme):
 
 
 def test_one_mode_scales_its_moments():
-    """A single mode c(t) v(x) (the deformational flows): the solver scales the cached moments of +v or
-    -v by |c(t)| (max(c a, 0) = |c| max(+-a, 0) exactly), with no pass over the faces per stage. The same
+    """A single mode c(t) v(x) (the deformational flows): the solver keeps the moments of +v and -v and
+    carries |c(t)| with them (max(c a, 0) = |c| max(+-a, 0) exactly; a stage with moments |c| m and step dt
+    is the stage with m and step |c| dt, and the Courant rates scale by |c|), with no pass over the faces
+    and no scaled copy per stage. The same
     answer as the plain field through the sign change of c at t = 2.5, to rounding: measured 1.0e-11
     relative at t = 3 (|c| times the moments rounds differently from the moments of c a, and the limiter
     amplifies such differences over the 3 time units); a wrong sign or scale would be O(1)."""
