@@ -256,18 +256,20 @@ class Solver:
         self._active_key = None  # the layer interval whose resolved model is self._active
         if hasattr(model, "set_state"):  # a clean history: a model reused from another run gives the same bits
             model.set_state({})
+        self.field_info = None  # FieldInfo of the last attention evaluation (spherepde.evaluation)
         self.t = finite_float(t0, "t0")
         if callable(f0) and hasattr(grid, "initial"):  # a grid that adapts refines on f0 first (Grid.initial)
             grid = grid.initial(f0, attention_scale(_terms.resolve(model, self.t)))
         self.f = _initial_density(grid, f0)
         self.n_steps = 0
         self.n_regrids = 0  # grid changes during the run (Grid.regrid)
-        self._circle_phi0 = None  # first cell angle of a uniform, ordered circle grid (FFT attention path)
-        if grid.dim == 2 and not model.local and hasattr(grid, "lo"):
-            phi = 0.5 * (grid.lo[:, 0] + grid.hi[:, 0])
-            n = len(phi)
-            if np.allclose(np.diff(phi), 2 * np.pi / n, rtol=0, atol=1e-12):
-                self._circle_phi0 = float(phi[0])
+        # one evaluator per attention head of every layer (its caches, and the memory of its choices that the
+        # checkpoint keeps), with the head's key in the model's state ("0.1." for head 1 of term 0)
+        self._evaluators, self._eval_keys = {}, []
+        for prefix, head in _terms.attention_heads(model):
+            if id(head) not in self._evaluators:
+                self._evaluators[id(head)] = head.evaluator()
+            self._eval_keys.append((prefix, self._evaluators[id(head)]))
         self._set_grid(grid)
         self.l0 = float(self.f.min())
         self.diag = {k: [] for k in _DIAG_KEYS}
@@ -396,13 +398,13 @@ class Solver:
             mg = np.empty((F, G, d))
             fv.interpolate_to_faces_quadratic(m, mq, grid.centers, grid.tangent_basis, pa, pb, grid.owner,
                                               grid.neighbour, grid.face_points, mg)
-            if fused and hasattr(model, "V"):
+            if fused and getattr(model, "value_matrix", None) is not None:
                 return np.einsum("fgc,fgc->fg", mg, self._vtw_of(model))
             v = model.velocity_from_mean(grid.face_points.reshape(-1, d), mg.reshape(-1, d)).reshape(F, G, d)
             return self._normal_weights(v)
         grad = np.empty((grid.n_cells, d, d))
         fv.vector_gradient(m, grid.stencil, grid.stencil_coef, grad)
-        if fused and hasattr(model, "V"):
+        if fused and getattr(model, "value_matrix", None) is not None:
             vtw = self._vtw_of(model)
             a = np.empty((F, G))
             fv.attention_normal_weights(m, grad, grid.xbar, grid.owner, grid.neighbour, grid.face_points,
@@ -417,7 +419,7 @@ class Solver:
         """V^T W_g at every face Gauss point for an attention term's V (cached per term)."""
         vtw = self._vtw.get(id(model))
         if vtw is None:
-            vtw = self._vtw[id(model)] = np.ascontiguousarray(self.grid.face_normals @ np.asarray(model.V, float))
+            vtw = self._vtw[id(model)] = np.ascontiguousarray(self.grid.face_normals @ model.value_matrix)
         return vtw
 
     @property
@@ -491,23 +493,22 @@ class Solver:
     def _grid_mean_field(self, f: np.ndarray, model=None) -> np.ndarray:
         """The attention mean at the cell centres for the grid density f (midpoint rule over cells).
 
-        On a uniform circle grid with B a rotation times a scale the sum is a circular convolution:
-        the FFT path of :mod:`spherepde.kernels.circle` is used, with its run-time error bound (it falls
-        back to the direct sum where the bound exceeds the model's tolerance).
+        Each attention head is evaluated by its own evaluator (:mod:`spherepde.evaluation`: the method
+        choice, the fallback chain and the certified bound); the grid's ``circle_start`` tells it when the
+        sums are circular convolutions (a uniform circle grid: the FFT path). What the last evaluation did
+        is in :attr:`field_info`.
         """
         grid = self.grid
         model = self._heads[0][1] if model is None else model
+        ev = self._evaluators.get(id(model))
         if self._high_order_field:  # a 2 (d - 1)-point rule per cell with the linear variation of f: O(h^3)
-            pts = grid.source_rule[0]
-            return model.mean_field(grid.centers, pts.reshape(-1, grid.dim), source_weights(grid, f))
-        w = f * grid.areas
-        if self._circle_phi0 is not None and hasattr(model, "B") and \
-                getattr(model, "normalization", "softmax") == "softmax":
-            from .kernels.circle import circle_mean_field, rotation_scale
-
-            if rotation_scale(model.B) is not None:
-                return circle_mean_field(model, self._circle_phi0, w, tol=model.tol)
-        return model.mean_field(grid.centers, grid.centers, w)
+            sources, w, hint = grid.source_rule[0].reshape(-1, grid.dim), source_weights(grid, f), None
+        else:
+            sources, w, hint = grid.centers, f * grid.areas, grid.circle_start
+        if ev is None:  # a nonlocal term of the user's own, with its own mean_field
+            return model.mean_field(grid.centers, sources, w)
+        m, self.field_info = ev.mean_field(grid.centers, sources, w, circle_phi0=hint)
+        return m
 
     def _moments(self, t: float, f: np.ndarray) -> np.ndarray:
         active = self._active
@@ -695,9 +696,33 @@ class Solver:
         """The moments of the current state. The model's own state (:meth:`Model.get_state`) is kept as it
         was just before: the checkpoint stores that, so that a resume recomputes these moments with the
         same history, gets the same bits, and leaves the model where the uninterrupted run left it."""
-        self._model_before = dict(getattr(self.model, "get_state", dict)())
+        self._model_before = self._model_state()
         self._activate(self.t)
         return self._moments(self.t, self.f)
+
+    @property
+    def evaluators(self) -> dict:
+        """The attention evaluators of the run by head key (:func:`spherepde.models.terms.attention_heads`:
+        "" for a single head), each with its ``memory`` and caches."""
+        return {prefix: ev for prefix, ev in self._eval_keys}
+
+    def _model_state(self) -> dict:
+        """The model's own state (:meth:`Model.get_state`, for models of the user's own) and that of the
+        attention evaluators, each under its head's key in the model ("series_pass", "0.1.series_pass")."""
+        state = dict(getattr(self.model, "get_state", dict)())
+        for prefix, ev in self._eval_keys:
+            state.update({prefix + k: v for k, v in ev.get_state().items()})
+        return state
+
+    def _set_model_state(self, state: dict):
+        if hasattr(self.model, "set_state"):  # a duck-typed model may have no state
+            self.model.set_state(state)
+        done = set()
+        for prefix, ev in self._eval_keys:
+            if id(ev) not in done:
+                done.add(id(ev))
+                ev.set_state({k[len(prefix):]: v for k, v in state.items()
+                              if k.startswith(prefix) and "." not in k[len(prefix):]})
 
     def _error_ratio(self, vals, dt: float) -> float:
         """The step's error ratio err (accept when <= 1): the embedded estimate in the mass norm over
@@ -882,8 +907,7 @@ class Solver:
         self._field_curv = float(ctl.get("field_curv", np.inf))
         self._field_step = int(ctl.get("field_step", self.n_steps))
         self._field_err = float(ctl.get("field_err", 0.0))
-        if hasattr(self.model, "set_state"):  # a duck-typed model may have no state
-            self.model.set_state({k[6:]: v for k, v in ctl.items() if k.startswith("model.")})
+        self._set_model_state({k[6:]: v for k, v in ctl.items() if k.startswith("model.")})
         self._activate(self.t, reset=False)  # the restored history belongs to the layer in force at t
         self._mom = self._state_moments()  # as the uninterrupted run computed them (see _state_moments)
 

@@ -6,8 +6,16 @@ import healpy as hp
 import numpy as np
 import pytest
 
+from spherepde.evaluation import REGISTRY, SourceBlocks, kernel_centres
+from spherepde.evaluation.methods import add_heavy, heavy_split
 from spherepde.kernels.fastexp import EXP_FLOOR, EXP_UNDERFLOW, fexp, fexp_floor
-from spherepde.models.attention import METHODS, Attention, SourceBlocks
+from spherepde.models.attention import METHODS, Attention
+
+
+def _exact_targets(info) -> int:
+    """Targets an evaluation gave to the guaranteed methods (what the fast methods refused in the end)."""
+    return sum(n for m, n, _ in info.chain if m in ("direct", "pruned"))
+
 
 FAST = ["pruned", "spectral", "auto"]
 
@@ -224,8 +232,9 @@ def test_pruned_actually_prunes_and_any_dimension():
     y = pix(16)
     w = np.ones(len(y))
     model = Attention(np.eye(3), np.eye(3), 1e3, method="pruned")
-    model.mean_field(y[:50], y, w)
-    assert model._cache["last_nsum"].max() < 0.2 * len(y)  # the cap of width ~0.1 rad is small
+    _, info = model.mean_field(y[:50], y, w, return_info=True)
+    assert info.methods == ("pruned",) and 0.0 < info.bound <= model.tol
+    assert info.nsum.max() < 0.2 * len(y)  # the cap of width ~0.1 rad is small
     for d in (2, 4):
         ys = rng.normal(size=(1500, d))
         ys /= np.linalg.norm(ys, axis=1)[:, None]
@@ -370,8 +379,8 @@ def test_spectral_tail_and_fast_path_used():
     y = pix(16)
     w = density("smooth", y, None) * 4 * np.pi / len(y)
     model = Attention(np.diag([1.0, 0.7, 0.4]), np.eye(3), 8.0, method="spectral")
-    m = model.mean_field(y, y, w)
-    assert model._cache["spectral_flagged"] == 0
+    m, info = model.mean_field(y, y, w, return_info=True)
+    assert info.chain == [("series", len(y), 0)] and 0.0 < info.bound <= 0.9 * model.tol
     ref = Attention(np.diag([1.0, 0.7, 0.4]), np.eye(3), 8.0, method="direct").mean_field(y, y, w)
     assert np.abs(m - ref).max() <= 1e-12
 
@@ -512,7 +521,7 @@ def test_fast_spectral_within_tol(kind, monkeypatch):
     # kernel (exact to ~1e-15 here), general and conformal B, kappa ranges needing L > 40 (the path is
     # used only there); tol = 1e-10 and 1e-8 (below ~6e-11 the transform-error model cannot pass)
     pytest.importorskip("ducc0")
-    import spherepde.models.attention as att
+    import spherepde.evaluation.methods as att
 
     monkeypatch.setattr(att, "FAST_SPECTRAL_MIN_WORK", 0.0)
     rng = np.random.default_rng(11 + KINDS.index(kind))
@@ -526,13 +535,13 @@ def test_fast_spectral_within_tol(kind, monkeypatch):
         ref = Attention(B, np.eye(3), beta, method="direct").mean_field(x, y, w)
         for tol in (1e-10, 1e-8):
             model = Attention(B, np.eye(3), beta, tol=tol, method="spectral")
-            m = model.mean_field(x, y, w)
-            nfast += model._cache["spectral_path"] == "fast"  # (the in-house series where L <= 40)
+            m, info = model.mean_field(x, y, w, return_info=True)
+            nfast += info.method == "fast_spectral"  # (the in-house series where L <= 40)
             assert np.all(np.isfinite(m))
             assert np.abs(m - ref).max() <= tol + 2e-15, (beta, tol)
     assert nfast >= 4
     if kind == "smooth":  # the path must actually carry the smooth case (else it is pointless)
-        assert model._cache["spectral_flagged"] <= 0.05 * len(x)
+        assert _exact_targets(info) <= 0.05 * len(x)
 
 
 def test_healpix_ring_sources_detected_and_moments_exact():
@@ -564,7 +573,7 @@ def test_fast_spectral_general_sources_and_serial_path(monkeypatch):
     # the direct kernel; the serial path (one thread, no pool) gives the same sums as the pooled one up
     # to the order of the additions (relative 1e-13; the bound delta is the same formula)
     pytest.importorskip("ducc0")
-    import spherepde.models.attention as att
+    import spherepde.evaluation.methods as att
     from spherepde.kernels import funk_hecke as fh
 
     monkeypatch.setattr(att, "FAST_SPECTRAL_MIN_WORK", 0.0)
@@ -576,11 +585,11 @@ def test_fast_spectral_general_sources_and_serial_path(monkeypatch):
     B = random_B(rng)
     ref = Attention(B, np.eye(3), 80.0, method="direct").mean_field(y, y, w)
     model = Attention(B, np.eye(3), 80.0, tol=1e-10, method="spectral")
-    m = model.mean_field(y, y, w)
-    assert model._cache["spectral_path"] == "fast"
+    m, info = model.mean_field(y, y, w, return_info=True)
+    assert info.method == "fast_spectral"
     assert np.abs(m - ref).max() <= 1e-10 + 2e-15
-    U, kappa = model._centres(y)
-    cost, bins, order = model._fast_plan(kappa)
+    U, kappa = kernel_centres(model, y)
+    cost, bins, order = REGISTRY["fast_spectral"].plan(model.evaluator(), kappa)
     F1, d1 = fh.spectral_sums(U, kappa, y, w, bins, order, 1)
     F2, d2 = fh.spectral_sums(U, kappa, y, w, bins, order, 2)
     assert np.abs(F1 - F2).max() <= 1e-13 * np.abs(F1).max()
@@ -598,14 +607,14 @@ def test_heavy_sources_skipped_only_where_bounded():
     c = np.array([0.3, -0.5, 0.81]) / np.linalg.norm([0.3, -0.5, 0.81])
     w = (np.exp(300.0 * (y @ c - 1.0)) + 1e-6) * 4 * np.pi / len(y)
     model = Attention(random_B(rng), np.eye(3), 60.0)
-    heavy, wl = model._heavy_split(w)
+    heavy, wl = heavy_split(w)
     assert 0 < heavy.sum() < len(y) // 10
     x = rng.normal(size=(3000, 3))
     x /= np.linalg.norm(x, axis=1)[:, None]
-    U, kappa = model._centres(x)
+    U, kappa = kernel_centres(model, x)
     delta = np.full(len(x), 1e-14 * wl.sum())
     F = np.zeros((len(x), 4))
-    extra = model._add_heavy(heavy, U, kappa, y, w, F, delta)
+    extra = add_heavy(heavy, U, kappa, y, w, F, delta)
     full = np.empty((len(x), 4))
     K.direct3_sums(U, kappa, np.ascontiguousarray(y[heavy].T), np.ascontiguousarray(w[heavy]), full)
     skipped = ~F.any(axis=1)
@@ -627,13 +636,13 @@ def test_fast_spectral_flagged_targets_go_to_the_series_first():
     w = f * 4 * np.pi / len(y)
     B = np.diag([-1.0, -1.0, 1.0])  # conformal: one kappa, so the basis is the kernels D, N.u (and D's gradient)
     model = Attention(B, np.eye(3), 30.0, tol=1e-10, method="spectral")
-    m = model.mean_field(y, y, w)
+    m, info = model.mean_field(y, y, w, return_info=True)
     ref = Attention(B, np.eye(3), 30.0, method="direct").mean_field(y, y, w)
-    c = model._cache
-    assert c["spectral_path"] == "fast"
-    assert [p[3] for p in c["spectral_plan"]] == [(2, 1)]  # a conformal B's interval has rounding width
-    assert c["spectral_flagged_fast"] > 0.05 * len(y)  # the case exercises the flagged path
-    assert c["spectral_flagged"] < 0.5 * c["spectral_flagged_fast"]  # the series took most of them
+    assert info.method == "fast_spectral" and info.methods[1] == "series"  # the chain: fast, series, exact
+    assert [p[3] for p in info.plan] == [(2, 1)]  # a conformal B's interval has rounding width
+    assert info.refused("fast_spectral") > 0.05 * len(y)  # the case exercises the flagged path
+    assert _exact_targets(info) < 0.5 * info.refused("fast_spectral")  # the series took most of them
+    assert info.bound <= 0.9e-10
     assert np.abs(m - ref).max() <= 1e-10 + 2e-15
     assert fh._nodes_needed(30.0 - 1e-14, 30.0 + 1e-14, 1e-14) == 0
 
@@ -672,17 +681,20 @@ def test_auto_leaves_the_series_when_its_bound_fails_at_most_targets():
     clusters = np.exp(3000.0 * (np.max(g.centers @ c.T, axis=1) - 1.0))  # two caps of ~0.018 rad
     smooth = 1.0 + 0.3 * g.centers[:, 0]
     exact = Attention(B, V, 30.0, method="direct")
-    for f, first, second in ((clusters, "spectral", "direct"), (smooth, "spectral", "spectral")):
-        m = Attention(B, V, 30.0)
+    for f, first, second in ((clusters, "series", "direct"), (smooth, "series", "series")):
+        ev = Attention(B, V, 30.0).evaluator()
         w = f * g.areas
         ref = exact.mean_field(g.centers, g.centers, w)
-        assert np.abs(m.mean_field(g.centers, g.centers, w) - ref).max() <= 1e-12
-        assert m._cache["method"] == first
-        state = m.get_state()
+        m, info = ev.mean_field(g.centers, g.centers, w)
+        assert np.abs(m - ref).max() <= 1e-12
+        assert info.method == first
+        state = ev.get_state()
         assert (state["series_pass"] < 0.9) == (second == "direct")  # clusters: 0.73 passed; smooth: all
-        assert np.abs(m.mean_field(g.centers, g.centers, w) - ref).max() <= 1e-12
-        assert m._cache["method"] == second
-        fresh = Attention(B, V, 30.0)
+        m, info = ev.mean_field(g.centers, g.centers, w)
+        assert np.abs(m - ref).max() <= 1e-12
+        assert info.method == second
+        fresh = Attention(B, V, 30.0).evaluator()
         fresh.set_state(state)  # the choice is part of the state: a resumed run makes it the same way
-        fresh.mean_field(g.centers, g.centers, w)
-        assert fresh._cache["method"] == second
+        assert fresh.mean_field(g.centers, g.centers, w)[1].method == second
+        # the model itself holds no state: its stateless shortcut makes the first choice again
+        assert Attention(B, V, 30.0).mean_field(g.centers, g.centers, w, return_info=True)[1].method == first

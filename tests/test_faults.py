@@ -126,17 +126,18 @@ def test_fast_spectral_path_resumes_bit_for_bit(tmp_path):
     assert run_experiment(cfg, tmp_path / "a", figures=False, stop_after_steps=6) is None
     state, _ = io.read_checkpoint(tmp_path / "a" / CHECKPOINT_NAME)
     grid, model = cfg.build_grid(), cfg.build_model()
-    at6 = []
+    at6, used = [], set()
 
     def memory(s):
+        used.add(s.field_info.method)
         if s.n_steps == 6:
-            at6.append(s.model._cache["series_pass"])
+            at6.append(s.evaluators[""].memory["series_pass"])
 
     ref = solve(grid, model, cfg.build_initial(grid), cfg.time.t_end, save_at=cfg.save_times(), options=cfg.options(),
                 callback=memory)
-    assert model._cache.get("spectral_path") == "fast" and 0.0 < at6[0] < 0.9  # not the default: it matters
+    assert used == {"fast_spectral"} and 0.0 < at6[0] < 0.9  # not the default: it matters
     s2 = Solver(grid, cfg.build_model(), cfg.build_initial(grid), cfg.options())
     s2.set_state(state)
-    assert s2.model._cache["series_pass"] == at6[0]
+    assert s2.evaluators[""].memory["series_pass"] == at6[0]
     res = run_experiment(cfg, tmp_path / "a", figures=False)
     _identical(res, ref)

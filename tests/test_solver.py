@@ -180,11 +180,18 @@ def test_circle_grid_uses_fft_attention_path():
     g = TensorGrid(2, 32)
     th = 0.3
     R = np.array([[np.cos(th), -np.sin(th)], [np.sin(th), np.cos(th)]])
-    model = Attention(1.5 * R, np.array([[1.0, 0.2], [0.1, -0.5]]), 20.0)
+    # tol 1e-10: the FFT's worst-case bound is ~1e-11 here (at the default 1e-12 it refuses, see below)
+    model = Attention(1.5 * R, np.array([[1.0, 0.2], [0.1, -0.5]]), 20.0, tol=1e-10)
     s = Solver(g, model, lambda x: 1 + 0.5 * x[:, 0])
-    assert s._circle_phi0 is not None
+    assert g.circle_start is not None and TensorGrid(3, 8).circle_start is None
     m_fft = s._grid_mean_field(s.f)
-    m_direct = model.mean_field(g.centers, g.centers, s.f * g.areas)
+    assert s.field_info.methods == ("circle_fft",) and 0.0 < s.field_info.bound <= model.tol
+    # where its bound exceeds tol it refuses every target, which the general path then takes
+    strict = Solver(g, Attention(1.5 * R, np.eye(2), 20.0), lambda x: 1 + 0.5 * x[:, 0])
+    strict._grid_mean_field(strict.f)
+    assert strict.field_info.chain == [("circle_fft", g.n_cells, g.n_cells), ("direct", g.n_cells, 0)]
+    m_direct, info = model.mean_field(g.centers, g.centers, s.f * g.areas, return_info=True)
+    assert info.methods == ("direct",)  # no circle hint outside the solver: the general path
     assert np.abs(m_fft - m_direct).max() < 1e-11  # model.tol = 1e-12 bound, plus the direct sum's own
 
 

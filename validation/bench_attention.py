@@ -128,15 +128,14 @@ def main(nsides=(32, 64, 128), repeat=3, tols=(1e-12, 1e-10)):
                 rates.append((nside, N * len(sub) / t_dir, N * len(sub) / c_dir))
                 for tol in tols:
                     model = Attention(B_GENERAL, V_GENERAL, beta, tol=tol)
-                    model.mean_field(x, x, w)  # compile / caches (the plan of the spectral path)
-                    (t_auto, c_auto), m = timeit(lambda: model.mean_field(x, x, w), 1 if nside > 64 else repeat)
+                    ev = model.evaluator()  # one evaluator, as in a run: its caches (the spectral plan)
+                    ev.mean_field(x, x, w)  # compile / caches
+                    (t_auto, c_auto), (m, info) = timeit(lambda: ev.mean_field(x, x, w), 1 if nside > 64 else repeat)
                     err = float(np.abs(m[sub] - ref).max())
-                    cache = model._cache
-                    chosen = cache.get("method", "?")
+                    chosen = {"series": "spectral", "fast_spectral": "spectral"}.get(info.method, info.method)
                     if chosen == "spectral":
-                        path = cache.get("spectral_path", "inhouse")
-                        chosen += (f" ({'fast, ' if path == 'fast' else ''}L={cache['spectral_degree']}, "
-                                   f"{cache['spectral_flagged']} flagged)")
+                        chosen += (f" ({'fast, ' if info.method == 'fast_spectral' else ''}L={info.degree}, "
+                                   f"{info.chain[0][2]} flagged)")
                     load = os.getloadavg()[0]
                     rows.append((nside, name, beta, tol, chosen, t_auto, c_auto, t_dir_full, err, load))
                     print(f"nside {nside:4d} {name:24s} beta {beta:8.0e} tol {tol:.0e} {chosen:40s} {t_auto:8.3f} s "

@@ -52,9 +52,15 @@ def _solve(nside, model, t_end, f0=None):
 
     g = sp.HealpixGrid(nside)
     f = _two_caps(g) if f0 is None else f0(g)
-    r = sp.solve(g, model, f, t_end, save_at=[0.0, t_end / 2, t_end])
-    return {"density": r.density, "path": str(getattr(model, "_cache", {}).get("method", "")) + "/"
-            + str(getattr(model, "_cache", {}).get("spectral_path", ""))}
+    used = []
+    r = sp.solve(g, model, f, t_end, save_at=[0.0, t_end / 2, t_end], callback=lambda s: used.append(_path(s)))
+    return {"density": r.density, "path": used[-1] if used else ""}
+
+
+def _path(solver) -> str:
+    """The methods of the solver's last attention evaluation ("" for a local model)."""
+    info = solver.field_info
+    return "" if info is None else "/".join(info.methods)
 
 
 def case_zero_temperature():
@@ -93,8 +99,9 @@ def case_tensor_fast():
 
     g = sp.TensorGrid(3, 40)
     model = sp.Attention(P, V, 30.0, tol=1e-10, method="spectral")
-    r = sp.solve(g, model, _two_caps(g), 0.05, save_at=[0.0, 0.05])
-    return {"density": r.density, "path": "tensor spectral/" + str(model._cache.get("spectral_path", ""))}
+    used = []
+    r = sp.solve(g, model, _two_caps(g), 0.05, save_at=[0.0, 0.05], callback=lambda s: used.append(_path(s)))
+    return {"density": r.density, "path": "tensor " + (used[-1] if used else "")}
 
 
 def case_particles():

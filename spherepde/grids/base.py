@@ -75,6 +75,10 @@ class Grid:
 
     #: Steps between the solver's calls of :meth:`regrid`; 0: the grid never changes during a run.
     regrid_interval: int = 0
+    #: The angle phi_0 of the first cell when the grid is the circle S^1 cut into equal cells numbered in
+    #: order (cell j centred at phi_0 + 2 pi j / N): sums over it are circular convolutions (the FFT path
+    #: of the attention field); None for every other grid.
+    circle_start: float | None = None
 
     def initial(self, f0, attention_scale: float = 0.0) -> "Grid":
         """The grid a run from the initial density ``f0(x)`` starts on: ``self`` for a fixed grid; an adaptive

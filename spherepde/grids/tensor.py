@@ -257,6 +257,17 @@ class TensorGrid(Grid):
         self.xbar = np.stack([np.bincount(own, w * pts[:, c], minlength=N) for c in range(d)], axis=1) / vol[:, None]
 
     @cached_property
+    def circle_start(self) -> float | None:
+        """phi_0 when this is S^1 cut into equal cells in order (cell j at phi_0 + 2 pi j / N), else None
+        (see :attr:`Grid.circle_start`)."""
+        if self.dim != 2:
+            return None
+        phi = 0.5 * (self.lo[:, 0] + self.hi[:, 0])
+        if np.allclose(np.diff(phi), 2 * np.pi / len(phi), rtol=0, atol=1e-12):
+            return float(phi[0])
+        return None
+
+    @cached_property
     def cell_moments2(self) -> np.ndarray:
         """(N, d, d) central second moments of the cells, from the cell quadrature that gives ``xbar``."""
         N, d = self.n_cells, self.dim

@@ -30,7 +30,7 @@ import math
 
 import numpy as np
 
-__all__ = ["rotation_scale", "circle_mean_field", "fft_error_constant"]
+__all__ = ["rotation_scale", "circle_fft", "circle_mean_field", "fft_error_constant"]
 
 _U = np.finfo(float).eps / 2
 
@@ -62,12 +62,45 @@ def fft_error_constant(N: int) -> float:
 FFT_TOL = 1e-10
 
 
+def circle_fft(B, beta: float, phi0: float, weights, tol: float = FFT_TOL):
+    """(m, bound): m_beta at the N equally spaced points phi0 + j 2 pi / N of the circle (sources =
+    targets) by FFT, with the error bound of the module docstring; (None, bound) where the bound exceeds
+    ``tol`` or B is not a rotation times a scale (bound None then). ``weights`` (N,) >= 0, not all zero."""
+    w = np.asarray(weights, float)
+    N = w.shape[0]
+    rs = rotation_scale(B)
+    if rs is None or N < 2 or not (np.all(np.isfinite(w)) and np.all(w >= 0) and w.sum() > 0):
+        return None, None
+    s, alpha = rs
+    ang = phi0 + 2 * np.pi * np.arange(N) / N
+    pts = np.stack([np.cos(ang), np.sin(ang)], axis=1)
+    k = 2 * np.pi * np.arange(N) / N
+    K = np.exp(beta * s * (np.cos(k - alpha) - 1.0))
+    Kf = np.fft.rfft(K)
+    vs = [w, w * pts[:, 0], w * pts[:, 1]]
+    conv = [np.fft.irfft(Kf * np.fft.rfft(v), n=N) for v in vs]
+    eF = fft_error_constant(N)
+    K1, K2 = np.abs(K).sum(), np.linalg.norm(K)
+
+    def E(v):
+        return 3 * eF * (K2 * np.abs(v).sum() + K1 * np.linalg.norm(v)) + 2 * _U * K1 * np.abs(v).sum()
+
+    D = conv[0]
+    ED = E(w)
+    if not np.all(D > ED):
+        return None, float("inf")
+    m = np.stack([conv[1] / D, conv[2] / D], axis=1)
+    bound = float(np.max((np.array([E(vs[1]), E(vs[2])])[None, :] + np.abs(m) * ED) / (D - ED)[:, None]))
+    return (m, bound) if bound <= float(tol) else (None, bound)
+
+
 def circle_mean_field(model, phi0: float, weights, tol: float = FFT_TOL, return_info: bool = False):
-    """m_beta at the N equally spaced points phi0 + j 2 pi / N of the circle, sources = targets.
+    """m_beta at the N equally spaced points phi0 + j 2 pi / N of the circle, sources = targets: the FFT
+    (:func:`circle_fft`) where its bound meets ``tol``, else ``model.mean_field`` (direct sums).
 
     Parameters
     ----------
-    model : spherepde.models.attention.Attention with d = 2.
+    model : spherepde.Attention with d = 2.
     phi0 : angle of the first point; weights : (N,) masses w_j >= 0 (density times cell length).
     tol : float, default 1e-10: required bound on |m_hat - m| at every point (else the direct path).
     return_info : also return a dict (``method``: "fft" or "direct", ``bound``: the error bound).
@@ -77,33 +110,13 @@ def circle_mean_field(model, phi0: float, weights, tol: float = FFT_TOL, return_
     m : (N, 2) ndarray [, info]
     """
     w = np.asarray(weights, float)
-    N = w.shape[0]
-    tol = float(tol)
-    ang = phi0 + 2 * np.pi * np.arange(N) / N
-    pts = np.stack([np.cos(ang), np.sin(ang)], axis=1)
-    rs = rotation_scale(model.B) if model.dim == 2 else None
-    info = {"method": "direct", "bound": None}
-    if rs is not None and N >= 2 and np.all(np.isfinite(w)) and np.all(w >= 0) and w.sum() > 0:
-        s, alpha = rs
-        k = 2 * np.pi * np.arange(N) / N
-        K = np.exp(model.beta * s * (np.cos(k - alpha) - 1.0))
-        Kf = np.fft.rfft(K)
-        vs = [w, w * pts[:, 0], w * pts[:, 1]]
-        conv = [np.fft.irfft(Kf * np.fft.rfft(v), n=N) for v in vs]
-        eF = fft_error_constant(N)
-        K1, K2 = np.abs(K).sum(), np.linalg.norm(K)
-
-        def E(v):
-            return 3 * eF * (K2 * np.abs(v).sum() + K1 * np.linalg.norm(v)) + 2 * _U * K1 * np.abs(v).sum()
-
-        D = conv[0]
-        ED = E(w)
-        if np.all(D > ED):
-            m = np.stack([conv[1] / D, conv[2] / D], axis=1)
-            bound = np.max((np.array([E(vs[1]), E(vs[2])])[None, :] + np.abs(m) * ED) / (D - ED)[:, None])
-            if bound <= tol:
-                info = {"method": "fft", "bound": float(bound)}
-                return (m, info) if return_info else m
-            info["bound"] = float(bound)
-    m = model.mean_field(pts, pts, w)
+    m, bound = circle_fft(model.B, model.beta, phi0, w, tol) if model.dim == 2 else (None, None)
+    if m is not None:
+        info = {"method": "fft", "bound": bound}
+    else:
+        N = w.shape[0]
+        ang = phi0 + 2 * np.pi * np.arange(N) / N
+        pts = np.stack([np.cos(ang), np.sin(ang)], axis=1)
+        info = {"method": "direct", "bound": None if bound is None or not np.isfinite(bound) else bound}
+        m = model.mean_field(pts, pts, w)
     return (m, info) if return_info else m

@@ -26,6 +26,9 @@ class Model:
     dim: int
     steady: bool = True
     local: bool = True
+    #: For a nonlocal term of the attention form v = P_x(V m[f](x)): the (d, d) matrix V (the solver then
+    #: forms the face weights m . V^T W in one fused kernel); None for every other model.
+    value_matrix = None
 
     def field(self, points, t=0.0, grid=None, density=None) -> np.ndarray:  # pragma: no cover
         """Velocity at ``points`` (n, d) at time ``t`` for the grid density ``density``."""

@@ -11,7 +11,8 @@ The numerics see a model through two functions of this module: :func:`resolve` (
 the time interval that starts at t: no :class:`Layers` left) and :func:`decompose` (its local terms
 and its attention heads with their weights), and through :func:`boundaries` (the times where the
 weights jump, where steps must end). The solver and :func:`~spherepde.simulate_particles` evaluate
-every head with its own certified attention evaluation and sum the contributions.
+every head with its own certified attention evaluation and sum the contributions; the solver keeps one
+evaluator (:mod:`spherepde.evaluation`) per head of :func:`attention_heads`.
 
 Classes
 -------
@@ -43,7 +44,7 @@ from .._checks import as_points, finite_float, real_array
 from .base import Model, tangent_project
 
 __all__ = ["Sum", "MultiHead", "FeedForward", "Layers", "Noise", "ACTIVATIONS", "resolve", "decompose",
-           "boundaries", "interval_index", "describe", "noise_diffusivity", "attention_scale"]
+           "boundaries", "interval_index", "describe", "noise_diffusivity", "attention_scale", "attention_heads"]
 
 
 def _relu(z):
@@ -424,6 +425,22 @@ def decompose(model):
     if getattr(model, "local", False):
         return [model], []
     return [], [(1.0, model)]
+
+
+def attention_heads(model, prefix: str = ""):
+    """(key, head) for every attention head of the model, through sums, multi-head terms and layers, in a
+    fixed order: the key is the head's path in the model ("" for a single head, "1." for term or head 1,
+    "0.1." for head 1 of layer 0), under which the solver checkpoints the state of the head's evaluator.
+    A head is a term with an ``evaluator()`` (:class:`~spherepde.Attention`)."""
+    if isinstance(model, Layers):
+        parts = [m for _, m in model.layers]
+    elif isinstance(model, Sum):
+        parts = list(model.terms)
+    elif isinstance(model, MultiHead):
+        parts = list(model.heads)
+    else:
+        return [(prefix, model)] if callable(getattr(model, "evaluator", None)) else []
+    return [kh for i, m in enumerate(parts) for kh in attention_heads(m, f"{prefix}{i}.")]
 
 
 def describe(model) -> str:

@@ -1,0 +1,296 @@
+"""The evaluator of the attention mean: the method choice, the fallback chain and the info object.
+
+An :class:`AttentionEvaluator` belongs to one :class:`~spherepde.Attention` model (which holds only its
+physical parameters and options) and to one run: the solver keeps one per attention head. It owns
+
+- the choice of method (``method="auto"``: a CPU-time cost model over the registry),
+- the fallback chain (:meth:`AttentionEvaluator.next_method`: where the targets a method refuses go;
+  the one place that decides it),
+- its caches (``cache``: source blocks, fast-transform plans and tables; memos of the inputs, which never
+  change a result) and its ``memory`` (how often the in-house series passed its targets the last time:
+  it steers the next choice between methods that agree to ``tol``, so it is state, checkpointed by the
+  solver through :meth:`get_state`),
+
+and returns every field with a :class:`FieldInfo` (the methods that ran, on how many targets, what they
+refused, the largest certified error bound) instead of writing hidden state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._checks import as_points, real_array
+from . import methods as _m
+from .methods import REGISTRY, Targets
+
+__all__ = ["AttentionEvaluator", "FieldInfo", "METHODS", "kernel_centres", "selectable_methods"]
+
+#: The documented values of ``Attention.method``: "auto" chooses by cost, "spectral" is the series
+#: (in-house or by fast transforms, by size and degree). The registry's selectable methods
+#: (:func:`selectable_methods`: "series", "fast_spectral", ...) can be asked for by name too.
+METHODS = ("auto", "direct", "pruned", "spectral")
+
+
+def selectable_methods() -> tuple:
+    """The values ``method`` takes: :data:`METHODS` and the registry's methods that can be asked for by
+    name (``"series"``, ``"fast_spectral"`` and any registered later)."""
+    return METHODS + tuple(n for n, m in REGISTRY.items() if m.selectable and n not in METHODS)
+
+
+@dataclass
+class FieldInfo:
+    """What one evaluation did (the POT ``log`` idea: returned, not stored in the model).
+
+    Attributes
+    ----------
+    method : str
+        The registry name of the method that ran first, on all targets ("direct", "pruned", "series",
+        "fast_spectral", "circle_fft", "usa_direct").
+    bound : float
+        The largest certified bound on |m_hat - m| over the targets (<= the model's ``tol``); 0.0 where
+        only rounding errors remain (direct sums).
+    chain : list of (str, int, int)
+        (method, targets it was given, targets it refused) for every method that ran, in order.
+    n_targets, n_sources : int
+        The problem's size (sources of weight 0 are left out before any method runs).
+    degree, heavy, plan, nsum :
+        Spectral degree, number of heavy sources summed directly, the fast path's kappa bins, and the
+        pruned method's sources summed per target (None where the method did not run).
+    """
+
+    method: str = ""
+    bound: float = 0.0
+    chain: list = field(default_factory=list)
+    n_targets: int = 0
+    n_sources: int = 0
+    degree: int | None = None
+    heavy: int | None = None
+    plan: list | None = None
+    nsum: np.ndarray | None = None
+
+    def note(self, name: str, n: int, bound: float, refused: int = 0):
+        """Record a method's run (its bound over the targets it accepted)."""
+        if not self.method:
+            self.method = name
+        self.chain.append((name, int(n), int(refused)))
+        self.bound = max(self.bound, float(bound))
+
+    def refused(self, name: str) -> int:
+        """Targets the method ``name`` refused (summed over its runs)."""
+        return sum(r for m, _, r in self.chain if m == name)
+
+    @property
+    def methods(self) -> tuple:
+        """The methods that ran, in order."""
+        return tuple(m for m, _, _ in self.chain)
+
+
+def kernel_centres(model, targets):
+    """(U, kappa): the kernel centres u = B^T x / |B^T x| (rows) and concentrations kappa = beta |B^T x|
+    (u = e_1, kappa = 0 where B^T x = 0)."""
+    bx = targets @ model.B  # rows: B^T x
+    s = np.linalg.norm(bx, axis=1)
+    kappa = model.beta * s
+    ok = s > 0
+    if ok.all():
+        return np.ascontiguousarray(bx / s[:, None]), kappa
+    U = np.zeros_like(bx)
+    U[ok] = bx[ok] / s[ok, None]
+    U[~ok, 0] = 1.0
+    kappa[~ok] = 0.0
+    return np.ascontiguousarray(U), kappa
+
+
+class AttentionEvaluator:
+    """Evaluates the attention mean of one model with its certified bound (see the module docstring).
+
+    Parameters
+    ----------
+    model : spherepde.Attention
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.cache: dict = {}
+        self.memory: dict = {}
+        self.circle_phi0 = None  # set for the duration of a call with a circle hint (CircleFFT reads it)
+
+    # ------------------------------------------------------------------ state
+    def get_state(self) -> dict:
+        """The memory of how often the in-house series passed its targets (it picks between methods that
+        agree to ``tol``, so the next field depends on it in the last bits)."""
+        return {"series_pass": self.memory["series_pass"]} if "series_pass" in self.memory else {}
+
+    def set_state(self, state: dict):
+        """Restore :meth:`get_state` (``{}``: a fresh history)."""
+        if "series_pass" in state:
+            self.memory["series_pass"] = float(state["series_pass"])
+        else:
+            self.memory.pop("series_pass", None)
+
+    # ------------------------------------------------------------------ the choice
+    def _spectral_entry(self, p: Targets) -> str:
+        """The series path of ``method="spectral"``: the fast transforms where they are allowed, the problem
+        is large and the degree high; the in-house series otherwise."""
+        if (_m.FastSpectral.allowed(self) and p.M * p.N > _m.FAST_SPECTRAL_MIN_WORK
+                and _m.spectral_degree(self.model.tol, float(p.kappa.max()))[0] > _m.SPECTRAL_INHOUSE_LMAX):
+            return "fast_spectral"
+        return "series"
+
+    def _exact(self, p: Targets) -> str:
+        """The guaranteed method for these targets: pruned where kappa is large enough to prune (it sums
+        the fraction :func:`~spherepde.evaluation.methods.pruned_fraction` of the sources at about half the
+        direct kernel's speed per source), direct otherwise."""
+        return "pruned" if _m.pruned_fraction(self.model.tol, p.kappa, p.N) < 0.5 else "direct"
+
+    def choose(self, p: Targets) -> tuple[str, bool]:
+        """The method "auto" uses for these targets, and whether the series' pass fraction is remembered."""
+        N, M, tol = p.N, p.M, self.model.tol
+        if N * M <= 4e6:
+            return "direct", False
+        if _m.FastSpectral.allowed(self):
+            # CPU-second estimates: direct, pruned, fast spectral (its plan's model + the fallback it may need)
+            t_direct = REGISTRY["direct"].cost(self, p)
+            t_pruned = REGISTRY["pruned"].cost(self, p)
+            t_spec = REGISTRY["fast_spectral"].cost(self, p, min(t_direct, t_pruned) / 1.3) * 1.3 + 0.02
+            best = min(t_direct, t_pruned, t_spec)
+            return ("direct" if best == t_direct else "pruned" if best == t_pruned else self._spectral_entry(p)), False
+        if _m.pruned_fraction(tol, p.kappa, N) < 0.5:
+            return "pruned", False
+        L = _m.spectral_degree(tol, float(p.kappa.max()))[0] if self.model.dim == 3 else _m.SPECTRAL_AUTO_LMAX + 1
+        if L <= _m.SPECTRAL_AUTO_LMAX:
+            # The series pays off unless its bound fails at most targets, which the direct sums then redo:
+            # far from a concentrated density (narrow clusters: 94 % of the targets flagged at beta 30,
+            # measured) it costs the direct sums and the series. The fraction it passed the last time
+            # (remembered, and part of get_state) weighs the choice; with no history, or all passed, it is
+            # the series.
+            passed = self.memory.get("series_pass", 1.0)
+            if passed < 1.0:
+                t_series = (N + 3.7 * M) * (L + 1) ** 2 * _m.SERIES_COST
+                if t_series >= passed * (N * M / _m.DIRECT_RATE):  # series + its fallback cost more than direct
+                    self.memory["series_pass"] = min(1.0, passed + 0.05)  # drift back: try it again later
+                    return "direct", False
+            return self._spectral_entry(p), True
+        return "direct", False
+
+    def next_method(self, name: str, sub: Targets, info: FieldInfo) -> tuple[str, bool]:
+        """The fallback chain, in one place: the method that takes the targets ``sub`` that method ``name``
+        refused, and whether the series' pass fraction is remembered when it runs.
+
+        - circle_fft (all targets or none) -> the requested method, on the sources of positive weight
+          (:meth:`mean_field` takes that path itself);
+        - fast_spectral without a plan (kappa beyond every series) -> pruned / direct;
+        - series -> pruned / direct;
+        - fast_spectral -> the in-house series where it is expected to be cheaper than the guaranteed sums
+          (its rounding model is ~1e3 tighter than the transform-error model, so it takes most targets of
+          low D while the density is smooth), weighed by the fraction it passed the last time; else, or
+          after the series, pruned / direct.
+
+        The series pays off only if it passes enough of these targets; far from a concentrated density it
+        passes few (its own bound fails there too), hence the memory (the field is evaluated again and
+        again on a slowly changing density). Not tried: the memory drifts back towards trying it, so that a
+        density that smooths out again gets it."""
+        if name == "fast_spectral" and info.plan is not None:  # (no plan: kappa beyond any series)
+            series = REGISTRY["series"]
+            L = series.degree(self, sub)
+            N, nb_ = sub.N, sub.M
+            # CPU seconds (measured on the 2-core machine at nside 64, L 45..81): the series' source
+            # coefficients N L^2 and per-target sums nb L^2 (~3.7x the cost per point); the guaranteed sums
+            # by the same estimates as "auto"
+            t_series = (N + 3.7 * nb_) * (L + 1) ** 2 * _m.SERIES_COST
+            frac = _m.pruned_fraction(self.model.tol, sub.kappa, N)
+            t_exact = nb_ * N * (frac / _m.PRUNED_RATE if frac < 0.5 else 1.0 / _m.DIRECT_RATE)
+            passed = self.memory.get("series_pass", 1.0)
+            if L <= _m.SPECTRAL_LMAX and t_series < passed * t_exact:
+                return "series", True
+            self.memory["series_pass"] = min(1.0, passed + 0.05)
+        return self._exact(sub), False
+
+    def _first(self, p: Targets, requested: str) -> tuple[str, bool]:
+        if requested == "auto":
+            return self.choose(p)
+        if requested == "spectral":
+            if self.model.dim != 3:
+                raise ValueError("method 'spectral' is implemented for d = 3 only")
+            return self._spectral_entry(p), False
+        why = REGISTRY[requested].available(self)
+        if why is not None:
+            raise ValueError(f"method {requested!r} cannot evaluate this model: {why}")
+        return requested, False
+
+    def _run(self, name: str, p: Targets, out: np.ndarray, info: FieldInfo, remember: bool):
+        """Method ``name`` on the targets p; what it refuses goes down the chain (:meth:`next_method`)."""
+        bad = REGISTRY[name].run(self, p, out, info)
+        if name == "series" and remember:
+            self.memory["series_pass"] = 1.0 - (0 if bad is None else int(bad.sum())) / p.M
+        if bad is None or not bad.any():
+            return
+        sub = p.subset(bad)
+        nxt, rem = self.next_method(name, sub, info)
+        sub_out = np.empty((sub.M, out.shape[1]))
+        self._run(nxt, sub, sub_out, info, rem)
+        out[bad] = sub_out
+
+    # ------------------------------------------------------------------ the public call
+    def mean_field(self, targets, sources, weights, method: str | None = None, circle_phi0: float | None = None):
+        """(m, info): the attention mean at ``targets`` for the measure sum_j w_j delta_{y_j}, with
+        |m_hat - m| <= tol at every target (rounding only for "direct"), and its :class:`FieldInfo`.
+
+        ``circle_phi0``: the targets and sources are the cells phi0 + 2 pi j / N of a uniform circle grid,
+        in order (the solver's hint): the FFT path is tried first where B is a rotation times a scale.
+        See :meth:`spherepde.Attention.mean_field` for the parameters."""
+        model = self.model
+        d = model.dim
+        x = as_points(targets, d, "targets")
+        y = as_points(sources, d, "sources")
+        w = real_array(weights, "weights")
+        if w.shape != (y.shape[0],):
+            raise ValueError(f"weights must have shape ({y.shape[0]},), got {w.shape}")
+        if not np.all(np.isfinite(w)) or np.any(w < 0):
+            raise ValueError("weights must be finite and >= 0")
+        if not np.any(w > 0):
+            raise ValueError("weights are all zero: the attention mean of the zero measure is undefined")
+        ny = np.linalg.norm(y, axis=1)
+        if np.any(ny == 0):
+            raise ValueError("sources must be points of the unit sphere (found a zero vector)")
+        requested = model.method if method is None else method
+        if requested not in selectable_methods():
+            raise ValueError(f"method must be one of {selectable_methods()}, got {requested!r}")
+        y = y / ny[:, None]
+        info = FieldInfo()
+        M = x.shape[0]
+        out = np.empty((M, d))
+        if M == 0:
+            return out, info
+        self.circle_phi0 = circle_phi0 if (circle_phi0 is not None and M == y.shape[0]) else None
+        try:
+            if self.circle_phi0 is not None and _m.CircleFFT.applies(self):
+                # all N weights (zeros included): the convolution needs the whole uniform grid. Where its
+                # bound fails it refuses every target, which then take the general path below
+                p = Targets(x, *kernel_centres(model, x), y, w)
+                if REGISTRY["circle_fft"].run(self, p, out, info) is None:
+                    info.n_targets, info.n_sources = M, y.shape[0]
+                    return self._checked(out, info)
+        finally:
+            self.circle_phi0 = None
+        if not np.all(w > 0):  # a source of weight 0 adds exactly 0 to both sums: left out (a density that
+            keep = w > 0       # has collapsed into clusters is 0 on most cells, to the last bit)
+            y, w = y[keep], w[keep]
+        info.n_targets, info.n_sources = M, y.shape[0]
+        if model.normalization == "usa":
+            p = Targets(x, x, np.zeros(M), y, w)
+            self._run("usa_direct", p, out, info, False)
+            return self._checked(out, info)
+        U, kappa = kernel_centres(model, x)
+        p = Targets(x, U, kappa, y, w)
+        first, remember = self._first(p, requested)
+        self._run(first, p, out, info, remember)
+        return self._checked(out, info)
+
+    @staticmethod
+    def _checked(out, info):
+        if not np.all(np.isfinite(out)):  # never pass a NaN field on as if the density were at fault
+            raise FloatingPointError(f"the attention method {info.method!r} gave a non-finite mean field (a bug "
+                                     "in spherepde: please report it with the inputs); method='direct' is exact")
+        return out, info

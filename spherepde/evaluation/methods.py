@@ -1,0 +1,551 @@
+"""The evaluation methods of the attention mean, one class each, behind a registry.
+
+Each method evaluates m at a set of targets (:class:`Targets`) for weighted sources, with a per-target
+error bound: it writes the targets it can certify (``|m_hat - m| <= tol``, or rounding only for the
+direct sum) into ``out`` and returns the mask of those it refuses (``None``: it took them all). Where
+the refused targets go next is not a method's business: :class:`~spherepde.evaluation.AttentionEvaluator`
+owns the fallback chain and the choice by cost. A method reads the model's parameters (B, beta, tol,
+dim) and the evaluator's caches (``ev.cache``: memos of its inputs, never state that changes a result)
+and records what it did in the :class:`~spherepde.evaluation.FieldInfo`.
+
+Registry names: ``"direct"``, ``"pruned"``, ``"series"`` (the in-house Funk-Hecke series),
+``"fast_spectral"`` (ducc0 transforms), ``"circle_fft"`` (S^1 convolutions), ``"usa_direct"`` (the
+unnormalised attention). A new method is one class with :func:`register`.
+
+The formulas and bounds of each method are in :class:`spherepde.Attention`'s docstring.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from ..kernels import attention as _k
+from ..kernels import funk_hecke as _fh
+from ..kernels.fastexp import EXP_FLOOR
+
+__all__ = ["Targets", "Method", "REGISTRY", "register", "SourceBlocks", "spectral_degree", "heavy_split",
+           "add_heavy"]
+
+#: Largest degree of the in-house series (beyond it the method is not competitive).
+SPECTRAL_LMAX = 160
+#: "auto" uses the in-house series up to this degree (its cost grows as L^2 per point).
+SPECTRAL_AUTO_LMAX = 64
+#: Below this many kernel pairs (targets x sources) the fast-transform path is not worth its setup.
+FAST_SPECTRAL_MIN_WORK = 4e6
+#: Up to this degree the in-house series (which meets tol = 1e-12, with a ~1e3 tighter rounding model) is
+#: kept even where the fast path is allowed: at nside 64, L 13..34 (beta 1..10) the fast path is only
+#: 0-25% faster (0.067 vs 0.068 s, 0.100 vs 0.133 s).
+SPECTRAL_INHOUSE_LMAX = 40
+#: Largest degree of the fast-transform (ducc0) spectral path.
+SPECTRAL_LMAX_FAST = 400
+#: Sources heavier than HEAVY_RATIO x the median positive weight are summed directly in the spectral
+#: paths (at most N / HEAVY_FRACTION of them).
+HEAVY_RATIO = 100.0
+HEAVY_FRACTION = 32
+#: Sources per block and blocks per super-block of the pruned method.
+BLOCK = 64
+SUPER = 16
+#: Measured throughput of the direct kernel (kernel evaluations per CPU second, AVX2; 0.64-0.84e9 in
+#: validation/bench_attention.py since its base-2 two-stage loop), for the cost model of ``method="auto"``.
+DIRECT_RATE = 0.7e9
+#: Sources summed per CPU second inside the pruned method (its exact block sums), measured at nside 64
+#: and 128, beta 100 and 1e3.
+PRUNED_RATE = 0.4e9
+#: CPU seconds per source (or target) and squared degree of the in-house series (its coefficients; the
+#: per-target sums cost ~3.7x this), measured at nside 64, L 45..81.
+SERIES_COST = 4.6e-10
+#: The fast-transform spectral path (ducc0) is used only where its transform-error model can meet the
+#: bound: (1 + sqrt 3) NUFFT_SAFETY EPS_SHT Lebesgue (~2.5) rms/D (~3 for smooth f) <= 0.9 tol.
+FAST_SPECTRAL_MIN_TOL = (1.0 + math.sqrt(3.0)) * _fh.NUFFT_SAFETY * _fh.EPS_SHT * 2.5 * 3.0 / 0.9
+_EPS = np.finfo(float).eps
+
+
+@functools.lru_cache(maxsize=16)
+def _spectral_tables(L):
+    return _k.sph_recurrence(L)
+
+
+@dataclass
+class Targets:
+    """One evaluation problem: targets as kernel centres ``U`` (M, d) (u = B^T x / |B^T x|) and
+    concentrations ``kappa`` (M,) (beta |B^T x|), raw targets ``x`` (M, d), unit sources ``y`` (N, d)
+    and weights ``w`` (N,) > 0."""
+
+    x: np.ndarray
+    U: np.ndarray
+    kappa: np.ndarray
+    y: np.ndarray
+    w: np.ndarray
+
+    @property
+    def M(self) -> int:
+        return self.U.shape[0]
+
+    @property
+    def N(self) -> int:
+        return self.y.shape[0]
+
+    def subset(self, mask) -> "Targets":
+        """The same sources, the targets where ``mask`` holds (contiguous copies)."""
+        if mask.all():
+            return self
+        return Targets(np.ascontiguousarray(self.x[mask]), np.ascontiguousarray(self.U[mask]),
+                       np.ascontiguousarray(self.kappa[mask]), self.y, self.w)
+
+
+class Method:
+    """Protocol of an evaluation method. ``guaranteed``: it never refuses a target; ``selectable``: it can
+    be asked for by name (``Attention(..., method=name)``); a method that needs a hint from the grid or a
+    normalisation of its own is chosen by the evaluator only."""
+
+    name: str = ""
+    guaranteed: bool = False
+    selectable: bool = True
+
+    @staticmethod
+    def available(ev) -> str | None:
+        """Why the method cannot evaluate this evaluator's model (None: it can)."""
+        return None
+
+    def cost(self, ev, p: Targets) -> float:
+        """Estimated CPU seconds for these targets (``inf`` where the method cannot run)."""
+        return math.inf
+
+    def run(self, ev, p: Targets, out: np.ndarray, info) -> np.ndarray | None:
+        """Write the certified targets into ``out`` (M, d); return the mask of refused ones (or None)."""
+        raise NotImplementedError
+
+
+#: The evaluation methods by name (see :func:`register`).
+REGISTRY: dict[str, Method] = {}
+
+
+def register(cls):
+    """Class decorator: one instance of the method in :data:`REGISTRY` under its ``name``."""
+    REGISTRY[cls.name] = cls()
+    return cls
+
+
+# ------------------------------------------------------------------------------------ helpers
+def pruned_fraction(tol: float, kappa, N: int) -> float:
+    """Estimated fraction of the N sources the pruned method sums for these targets:
+    (log(nb / eps) + 3) / kappa at the median kappa (research note)."""
+    return (math.log(max(N / BLOCK, 1.0) / tol) + 3.0) / max(float(np.median(kappa)), 1e-300)
+
+
+def spectral_degree(tol: float, kappa_max: float) -> tuple[int, int]:
+    """Degree L of the Funk-Hecke series for concentrations up to ``kappa_max``, and the number of extra
+    backward-recurrence terms. The tail at L is <= 0.1 tol / (2.8 (2 kappa_max + 1)): for a density
+    within a factor 10 of uniform the truncation alone then stays below tol."""
+    if kappa_max == 0.0:
+        return 0, 30
+    if kappa_max > SPECTRAL_LMAX:  # the degree needed exceeds SPECTRAL_LMAX (L ~ kappa + 8 sqrt(kappa))
+        return SPECTRAL_LMAX + 1, 30
+    ext = max(30, int(kappa_max) + 30)
+    goal = 0.1 * tol / (2.8 * (2.0 * kappa_max + 1.0))
+    L = int(kappa_max) // 2
+    while L <= SPECTRAL_LMAX and _k.sph_tail(kappa_max, L, ext) > goal:
+        L += 1
+    return L, ext
+
+
+def heavy_split(w):
+    """Sources summed directly (weights > HEAVY_RATIO x the median positive weight, at most
+    N / HEAVY_FRACTION of them) and the light weights left to the series."""
+    N = w.shape[0]
+    pos = w[w > 0]
+    heavy = w > HEAVY_RATIO * np.median(pos)
+    if heavy.sum() > N // HEAVY_FRACTION:
+        heavy = np.zeros(N, dtype=bool)
+        heavy[np.argpartition(w, N - N // HEAVY_FRACTION)[N - N // HEAVY_FRACTION:]] = True
+    return heavy, np.where(heavy, 0.0, w)
+
+
+def add_heavy(heavy, U, kappa, y, w, F, delta):
+    """Adds the direct sums of the heavy sources to F (M, 4), at the targets where they can matter;
+    returns the error bound (M,) this adds to each of the four sums, given the bound ``delta`` (M,) of
+    the rest.
+
+    The heavy sources lie in a cap (centre c, angular radius r); at a target whose kernel centre u is at
+    angle theta from c, every heavy term is <= w_j exp(kappa (cos(max(theta - r, 0)) - 1)) (and |y| = 1
+    bounds the numerator terms alike), so the heavy sums are <= that times sum w_j. Where this is
+    <= 1e-3 delta (far from a concentrated density) the sums are skipped and the bound (doubled, for the
+    rounding of the angles) is added instead: the error bound grows by at most 0.1%. Elsewhere: the
+    direct sums, whose exp floor adds <= 2.6e-261 sum w_j."""
+    M = F.shape[0]
+    if not heavy.any():
+        return np.zeros(M)
+    yh = y[heavy]
+    wh = np.ascontiguousarray(w[heavy])
+    wsum = float(wh.sum())
+    extra = np.full(M, math.exp(EXP_FLOOR) * wsum)
+    todo = np.ones(M, dtype=bool)
+    c = wh @ yh
+    nc = float(np.linalg.norm(c))
+    if nc > 0.0:
+        c = c / nc
+        r = math.acos(min(1.0, max(-1.0, float((yh @ c).min())))) + 1e-12
+        theta = np.arccos(np.clip(U @ c, -1.0, 1.0))
+        cap = 2.0 * wsum * np.exp(kappa * (np.cos(np.maximum(theta - r, 0.0)) - 1.0))
+        skip = cap <= 1e-3 * delta
+        extra[skip] = cap[skip]
+        todo = ~skip
+    if todo.any():
+        sel = slice(None) if todo.all() else todo  # all: no copies of U and kappa
+        Uh, kh = np.ascontiguousarray(U[sel]), np.ascontiguousarray(kappa[sel])
+        Fh = np.empty((kh.shape[0], 4))
+        _k.direct3_sums(Uh, kh, np.ascontiguousarray(yh.T), wh, Fh)
+        F[sel] += Fh
+    return extra
+
+
+def _accept(F, delta, tol, out):
+    """The four sums F (M, 4) with their bound delta (M,): m = F[1:] / F[0] where the bound
+    (1 + sqrt 3) delta / D (plus 64 eps for the heavy direct sums) is <= 0.9 tol. Returns (refused mask,
+    the largest bound accepted)."""
+    # m_hat - m = (N_hat - N) / D_hat + m (D - D_hat) / D_hat, |N_hat - N| <= sqrt(3) delta;
+    # heavy part: direct sums, relative rounding ~ 1e-16 x (terms): counted as 64 eps D
+    D = F[:, 0]
+    delta = delta + 64.0 * _EPS * np.abs(D)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bound = (1.0 + math.sqrt(3.0)) * delta / D
+    ok = (D > 1e-250) & (bound <= 0.9 * tol)
+    out[ok] = F[ok, 1:] / D[ok, None]
+    return ~ok, (float(bound[ok].max()) if ok.any() else 0.0)
+
+
+class SourceBlocks:
+    """Sources sorted into compact blocks (recursive coordinate bisection), any dimension.
+
+    Parameters
+    ----------
+    sources : (N, d) array
+        Unit source points.
+    block : int
+        Leaf size bound: leaves hold ``<= block`` points (about ``block / 2`` to ``block``).
+    group : int
+        Leaves per super-block.
+
+    Attributes
+    ----------
+    perm : (N,) int64
+        Sorting permutation: block k holds ``sources[perm[bstart[k]:bstart[k+1]]]``.
+    S : (d, N) float64
+        Sorted, transposed sources.
+    bstart, sstart : int64 arrays
+        Block ranges (in sources) and super-block ranges (in blocks).
+    bc, bcr, bsr, sc, scr, ssr : arrays
+        Centres (d, n) and cos / sin of the angular radii of blocks and super-blocks.
+
+    Notes
+    -----
+    The blocks depend only on the point set (never on a grid's numbering): each level splits every
+    segment at the median of its coordinate of largest spread. Leaves of one subtree are consecutive,
+    so super-blocks (``group`` consecutive leaves) are compact too.
+    """
+
+    def __init__(self, sources: np.ndarray, block: int = BLOCK, group: int = SUPER):
+        N, d = sources.shape
+        self.key = sources.copy()
+        depth = max(0, math.ceil(math.log2(max(N / block, 1.0))))
+        order = np.arange(N)
+        segs = [(0, N)]
+        for _ in range(depth):
+            nxt = []
+            for a, b in segs:
+                if b - a < 2:
+                    nxt.append((a, b))
+                    continue
+                idx = order[a:b]
+                pts = sources[idx]
+                ax = int(np.argmax(pts.max(axis=0) - pts.min(axis=0)))
+                half = (b - a) // 2
+                part = np.argpartition(pts[:, ax], half)
+                order[a:b] = idx[part]
+                nxt.append((a, a + half))
+                nxt.append((a + half, b))
+            segs = nxt
+        self.perm = order
+        self.S = np.ascontiguousarray(sources[order].T)
+        self.bstart = np.array([a for a, _ in segs] + [N], dtype=np.int64)
+        nbk = len(segs)
+        self.sstart = np.append(np.arange(0, nbk, group), nbk).astype(np.int64)
+        pts = sources[order]
+        self.bc, self.bcr, self.bsr = self._geometry(pts, self.bstart)
+        sb = self.bstart[self.sstart]
+        self.sc, self.scr, self.ssr = self._geometry(pts, sb)
+        self.bcT = np.ascontiguousarray(self.bc.T)
+        self.scT = np.ascontiguousarray(self.sc.T)
+
+    @staticmethod
+    def _geometry(pts, starts):
+        sums = np.add.reduceat(pts, starts[:-1], axis=0)
+        nrm = np.linalg.norm(sums, axis=1)
+        c = np.where(nrm[:, None] > 1e-8, sums / np.maximum(nrm, 1e-300)[:, None], pts[starts[:-1]])
+        c /= np.linalg.norm(c, axis=1)[:, None]
+        owner = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
+        dots = np.einsum("ij,ij->i", pts, c[owner])
+        cr = np.minimum.reduceat(dots, starts[:-1])
+        # widen by a rounding margin so that the bound is valid for every point of the cluster
+        cr = np.clip(cr - 1e-12, -1.0, 1.0)
+        sr = np.sqrt(1.0 - cr * cr)
+        return np.ascontiguousarray(c.T), cr, sr
+
+    def log_masses(self, w_sorted: np.ndarray):
+        with np.errstate(divide="ignore"):
+            bm = np.log(np.add.reduceat(w_sorted, self.bstart[:-1]))
+            sm = np.log(np.add.reduceat(w_sorted, self.bstart[self.sstart[:-1]]))
+        return bm, sm
+
+
+# ------------------------------------------------------------------------------------ the methods
+@register
+class Direct(Method):
+    """O(N M) sums, exact to rounding (the reference); any d."""
+
+    name = "direct"
+    guaranteed = True
+
+    def cost(self, ev, p):
+        return p.N * p.M / DIRECT_RATE
+
+    def run(self, ev, p, out, info):
+        S = np.ascontiguousarray(p.y.T)
+        with np.errstate(divide="ignore"):
+            lw = np.log(p.w)
+        if p.U.shape[1] == 3:
+            _k.direct3(p.U, p.kappa, S, p.w, lw, out)
+        else:
+            _k.direct_nd(p.U, p.kappa, S, p.w, lw, out)
+        info.note(self.name, p.M, 0.0)
+        return None
+
+
+@register
+class Pruned(Method):
+    """Blocks of sources skipped where their bound is below eps D_1 / (number of blocks): rigorous,
+    |m_hat - m| <= 2 eps / (1 - eps), eps = 0.45 tol; any d."""
+
+    name = "pruned"
+    guaranteed = True
+
+    def cost(self, ev, p):
+        frac = min(1.0, 1.2 * pruned_fraction(ev.model.tol, p.kappa, p.N))
+        return p.N * p.M * frac / PRUNED_RATE + p.M * (p.N / (BLOCK * SUPER)) * 2e-9
+
+    def run(self, ev, p, out, info):
+        sb = ev.cache.get("blocks")
+        if sb is None or sb.key.shape != p.y.shape or not np.array_equal(sb.key, p.y):
+            sb = ev.cache["blocks"] = SourceBlocks(p.y)
+        ws = p.w[sb.perm]
+        with np.errstate(divide="ignore"):
+            lw = np.log(ws)
+        blogm, slogm = sb.log_masses(ws)
+        nsum = np.empty(p.M, dtype=np.int64)
+        # |m_hat - m| <= 2 eps / (1 - eps); the factor 0.45 leaves room for rounding
+        eps = 0.45 * ev.model.tol
+        kern = _k.pruned3 if p.U.shape[1] == 3 else _k.pruned
+        kern(p.U, p.kappa, sb.S, ws, lw, sb.bstart, sb.bc, sb.bcr, sb.bsr, blogm, sb.sstart, sb.sc, sb.scr,
+             sb.ssr, slogm, eps, out, nsum)
+        info.nsum = nsum
+        info.note(self.name, p.M, 2.0 * eps / (1.0 - eps))
+        return None
+
+
+@register
+class Series(Method):
+    """The in-house Funk-Hecke series (d = 3) with its per-target bound; refuses targets whose bound
+    exceeds 0.9 tol (far from the mass of a concentrated density)."""
+
+    name = "series"
+
+    @staticmethod
+    def available(ev) -> str | None:
+        return None if ev.model.dim == 3 else "the Funk-Hecke series is implemented for d = 3 only"
+
+    def degree(self, ev, p) -> int:
+        return spectral_degree(ev.model.tol, float(p.kappa.max()))[0]
+
+    def cost(self, ev, p):
+        if p.U.shape[1] != 3:
+            return math.inf
+        L = self.degree(ev, p)
+        return math.inf if L > SPECTRAL_LMAX else (p.N + 3.7 * p.M) * (L + 1) ** 2 * SERIES_COST
+
+    def run(self, ev, p, out, info):
+        tol = ev.model.tol
+        U, kappa, y, w = p.U, p.kappa, p.y, p.w
+        kmax = float(kappa.max())
+        L, ext = spectral_degree(tol, kmax)
+        M = p.M
+        if L > SPECTRAL_LMAX:  # kappa too large for the series: everything is refused
+            info.note(self.name, M, 0.0, refused=M)
+            return np.ones(M, dtype=bool)
+        off, ra, rb, pmm = _spectral_tables(L)
+        # the few heaviest sources are summed directly; the series carries only the light rest, whose error
+        # scales with its own (small) mass: this keeps concentrated densities on the fast path
+        heavy, wl = heavy_split(w)
+        C = _k.sph_coeffs(np.ascontiguousarray(y.T), wl, L, off, ra, rb, pmm)
+        R = np.sqrt(C[0::2] ** 2 + C[1::2] ** 2).max(axis=0)
+        # targets sorted by kappa, each chunk of 128 summed to the degree its largest kappa needs
+        order = np.argsort(kappa, kind="stable")
+        Us, ks = np.ascontiguousarray(U[order]), np.ascontiguousarray(kappa[order])
+        ch = _k._CH
+        kc = ks[np.minimum(np.arange(ch - 1, M + ch - 1, ch), M - 1)]
+        lo = max(float(kc.min()), 1e-3)
+        grid = np.unique(np.concatenate([np.geomspace(lo, kmax, 24), [kmax]])) if kmax > lo else np.array([kmax])
+        degs = np.array([spectral_degree(tol, float(g))[0] for g in grid])
+        Lc = np.minimum(degs[np.minimum(np.searchsorted(grid, kc), len(grid) - 1)], L).astype(np.int64)
+        Lc[kc == 0.0] = 0
+        Fs = np.empty((M, 4))
+        abs_s = np.empty(M)
+        tail_s = np.empty(M)
+        _k.sph_eval(Us, ks, C, R, Lc, off, ra, rb, pmm, Fs, abs_s, tail_s)
+        F = np.empty((M, 4))
+        absum = np.empty(M)
+        tail = np.empty(M)
+        F[order] = Fs
+        absum[order] = abs_s
+        tail[order] = tail_s
+        w1 = float(wl.sum())
+        w2 = float(np.sqrt(np.dot(wl, wl)))
+        # truncation: rigorous (|P_l| <= 1, |y| = 1, so each of the four maps is off by <= ||w||_1 tail).
+        # rounding: a model, not a proof: 8 eps sqrt(L + 1) times the a-posteriori absolute sum of the
+        # target series plus the propagated source-moment noise ||w||_2 sqrt(2L + 1) (random-walk
+        # accumulation over the L + 1 degrees; it over-estimates the measured errors 20-70 times).
+        delta = w1 * tail + 8.0 * _EPS * math.sqrt(L + 1) * (absum + w2 * math.sqrt(2 * L + 1))
+        delta = delta + add_heavy(heavy, U, kappa, y, w, F, delta)
+        bad, bound = _accept(F, delta, tol, out)
+        info.degree = max(info.degree or 0, L)
+        info.heavy = int(heavy.sum())
+        info.note(self.name, M, bound, refused=int(bad.sum()))
+        return bad
+
+
+@register
+class FastSpectral(Method):
+    """The Funk-Hecke series by fast transforms (ducc0, d = 3): targets binned by kappa, Chebyshev
+    interpolation in kappa with a rigorous interpolation and truncation bound plus a transform-error
+    model; refuses targets of low D (far from the bulk of the mass)."""
+
+    name = "fast_spectral"
+
+    @staticmethod
+    def allowed(ev) -> bool:
+        return ev.model.dim == 3 and _fh.available() and ev.model.tol >= FAST_SPECTRAL_MIN_TOL
+
+    @staticmethod
+    def available(ev) -> str | None:
+        if ev.model.dim != 3:
+            return "the fast transforms are implemented for d = 3 only"
+        if not _fh.available():
+            return "it needs the ducc0 package (pip install ducc0)"
+        if ev.model.tol < FAST_SPECTRAL_MIN_TOL:
+            return (f"its transform-error model cannot meet tol = {ev.model.tol:g} (it needs tol >= "
+                    f"{FAST_SPECTRAL_MIN_TOL:.2g})")
+        return None
+
+    def plan(self, ev, kappa, cost_cap=math.inf):
+        """(estimated CPU seconds, plan, sorting order); with a ``cost_cap`` (the cost of another
+        method), (inf, None, order) if it cannot be cheaper (the plan is then not kept)."""
+        key = ("fast_plan", kappa.shape[0], float(kappa.min()), float(kappa.max()), float(kappa.sum()))
+        hit = ev.cache.get("fast_plan")
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        hit = ev.cache.get("fast_plan_capped")
+        if hit is not None and hit[0] == (key, cost_cap):
+            return hit[1]
+        order = np.argsort(kappa, kind="stable")
+        ks = kappa[order]
+        goal = 0.1 * ev.model.tol / (2.8 * (2.0 * float(ks[-1]) + 1.0))
+        cost, bins = _fh.plan(ks, goal, SPECTRAL_LMAX_FAST, cost_cap)
+        res = (cost, bins, order)
+        if bins is not None or not math.isfinite(cost_cap):
+            ev.cache["fast_plan"] = (key, res)
+        else:  # not built because another method is cheaper: a plan asked for without a cap is made anew
+            ev.cache["fast_plan_capped"] = ((key, cost_cap), res)
+        return res
+
+    def cost(self, ev, p, cap=math.inf):
+        if not self.allowed(ev):
+            return math.inf
+        return self.plan(ev, p.kappa, cap)[0]
+
+    def run(self, ev, p, out, info):
+        M = p.M
+        cost, bins, order = self.plan(ev, p.kappa)
+        if bins is None:
+            info.note(self.name, M, 0.0, refused=M)
+            return np.ones(M, dtype=bool)
+        heavy, wl = heavy_split(p.w)
+        F, delta = _fh.spectral_sums(p.U, p.kappa, p.y, wl, bins, order, numba.get_num_threads(), cache=ev.cache)
+        delta = delta + add_heavy(heavy, p.U, p.kappa, p.y, p.w, F, delta)
+        bad, bound = _accept(F, delta, ev.model.tol, out)
+        info.degree = max(b[4] for b in bins)
+        info.plan = [(b[2], b[3], b[4], b[5], b[1] - b[0]) for b in bins]
+        info.heavy = int(heavy.sum())
+        info.note(self.name, M, bound, refused=int(bad.sum()))
+        return bad
+
+
+@register
+class CircleFFT(Method):
+    """On a uniform ordered circle grid (d = 2, targets = sources = the cells) with B a rotation times a
+    scale, the sums are circular convolutions (:mod:`spherepde.kernels.circle`), O(N log N), with a
+    run-time bound; all targets are refused where the bound exceeds tol."""
+
+    name = "circle_fft"
+    selectable = False
+
+    def cost(self, ev, p):
+        return 0.0 if self.applies(ev) else math.inf
+
+    @staticmethod
+    def applies(ev) -> bool:
+        from ..kernels.circle import rotation_scale
+
+        return (ev.circle_phi0 is not None and ev.model.dim == 2 and ev.model.normalization == "softmax"
+                and rotation_scale(ev.model.B) is not None)
+
+    def run(self, ev, p, out, info):
+        from ..kernels.circle import circle_fft
+
+        m, bound = circle_fft(ev.model.B, ev.model.beta, ev.circle_phi0, p.w, ev.model.tol)
+        if m is None:
+            info.note(self.name, p.M, 0.0, refused=p.M)
+            return np.ones(p.M, dtype=bool)
+        out[:] = m
+        info.note(self.name, p.M, bound)
+        return None
+
+
+@register
+class UsaDirect(Method):
+    """The unnormalised attention (USA): m(x_i) = sum_j w_j y_j exp(beta (<x_i, B y_j> - s_B)), the
+    softmax mean times its normaliser exp(lse_i - beta s_B) <= sum_j w_j (the kernel of the particle
+    code: one pass, no overflow); exact to rounding, O(N M)."""
+
+    name = "usa_direct"
+    guaranteed = True
+    selectable = False
+
+    def cost(self, ev, p):
+        return p.N * p.M / DIRECT_RATE
+
+    def run(self, ev, p, out, info):
+        from ..kernels.particles import launch, softmax_mean
+
+        model = ev.model
+        x = np.ascontiguousarray(p.x)
+        lse = np.empty(x.shape[0])
+        with np.errstate(divide="ignore"):
+            lw = np.log(p.w)
+        launch(softmax_mean, x.shape[0] * p.N, x, np.ascontiguousarray(p.y.T), lw, np.ascontiguousarray(model.B),
+               model.beta, out, lse)
+        out *= np.exp(lse - model.beta * model.usa_shift)[:, None]
+        info.note(self.name, p.M, 0.0)
+        return None
