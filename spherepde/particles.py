@@ -21,6 +21,11 @@ Interaction rules (``ParticleResult.rule``), chosen from the model
 ``"softmax"``
     models with attributes ``B, V, beta`` (``Attention``), finite beta:
     dx_i/dt = P_{x_i}( V sum_j w_j e^{beta <x_i, B x_j>} x_j / sum_j w_j e^{beta <x_i, B x_j>} ).
+    Up to :data:`FAST_PAIRS` token pairs (n <= 2000) by the direct O(n^2) kernel; beyond, by the model's
+    certified evaluator (:mod:`spherepde.evaluation`, ``method="auto"``: fast spherical transforms, pruned or
+    direct sums, whichever its cost model picks), within the model's ``tol`` at every token (the fast
+    transforms need ``tol >= ~6e-11``: ``Attention(B, V, beta, tol=1e-10)``). ``validation/bench_particles.py``
+    measures it at n = 1e5.
 ``"independent"``
     ``ZeroTemperature``: Algorithm 2, each token moves alone with v_inf(x) = P_x(V B^T x) / |B^T x|
     (the beta = infinity limit *of the mean field*).
@@ -60,6 +65,23 @@ log = logging.getLogger(__name__)
 
 #: Largest accepted deviation | |x0_i| - 1 | of the initial tokens (they are then renormalised exactly).
 NORM_TOL = 1e-6
+#: Above this many token pairs (n^2) an attention head's softmax over the tokens is evaluated by the
+#: model's certified evaluator (:mod:`spherepde.evaluation`: fast transforms, pruned sums, with the model's
+#: ``tol`` at every token; the largest bound is ``ParticleResult.field_bound``); at or below it by the direct
+#: kernel (the same bits as before: the evaluator's "auto" would choose direct sums there too).
+FAST_PAIRS = 4e6
+
+
+class _FieldStats:
+    """The largest certified bound and the methods of the evaluator calls of one particle run."""
+
+    def __init__(self):
+        self.bound = 0.0
+        self.methods: set = set()
+
+    def add(self, info):
+        self.bound = max(self.bound, info.bound)
+        self.methods.update(info.methods)
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,6 +112,11 @@ class ParticleResult:
         ``rejected`` (attempts rejected before the step; always 0 at fixed steps).
     rtol : float or None
         The error-control tolerance (None: fixed steps).
+    field_bound : float
+        The largest certified error bound on the attention means of any evaluation (<= the heads' ``tol``);
+        0.0 where every evaluation was a direct sum (n^2 <= :data:`FAST_PAIRS`: exact to rounding).
+    field_methods : tuple of str
+        The evaluation methods used above :data:`FAST_PAIRS` (:mod:`spherepde.evaluation`), sorted.
     """
 
     times: np.ndarray
@@ -102,6 +129,8 @@ class ParticleResult:
     n_steps: int
     diagnostics: dict = field(default_factory=dict)
     rtol: float | None = None
+    field_bound: float = 0.0
+    field_methods: tuple = ()
 
     @property
     def error_estimate(self) -> float:
@@ -162,11 +191,11 @@ def _rule(model, hardmax: bool) -> str:
     )
 
 
-def _sum_velocity_fn(model, weights):
+def _sum_velocity_fn(model, weights, stats=None):
     """x, t -> v of a resolved composite model: its local fields plus sum_h w_h v_h over its heads (each
     head by its own rule: the softmax over the tokens)."""
     local, heads = _terms.decompose(model)
-    fns = [(w, _velocity_fn(h, _rule(h, False), weights)) for w, h in heads]
+    fns = [(w, _velocity_fn(h, _rule(h, False), weights, stats)) for w, h in heads]
 
     def v_sum(x, t):
         out = np.zeros_like(x)
@@ -183,10 +212,10 @@ class _LayeredVelocity:
     """The right-hand side of a model with layer-wise weights: ``at(t)`` is the one of the layer in force on
     the step that starts at t (a step never crosses a boundary, so its stages all use that layer)."""
 
-    def __init__(self, model, weights):
+    def __init__(self, model, weights, stats=None):
         self.bounds = _terms.boundaries(model)
         starts = (0.0,) + self.bounds
-        self._fns = [_sum_velocity_fn(_terms.resolve(model, t), weights) for t in starts]
+        self._fns = [_sum_velocity_fn(_terms.resolve(model, t), weights, stats) for t in starts]
 
     def index(self, t: float) -> int:
         return _terms.interval_index(self.bounds, t)
@@ -198,11 +227,13 @@ class _LayeredVelocity:
         return self.at(t)(x, t)
 
 
-def _velocity_fn(model, rule: str, weights: np.ndarray) -> Callable[[np.ndarray, float], np.ndarray]:
-    """The right-hand side x (n, d), t -> v (n, d) for one rule (weights fixed for the run)."""
+def _velocity_fn(model, rule: str, weights: np.ndarray, stats: _FieldStats | None = None
+                 ) -> Callable[[np.ndarray, float], np.ndarray]:
+    """The right-hand side x (n, d), t -> v (n, d) for one rule (weights fixed for the run); ``stats``
+    collects the bounds of the certified evaluations."""
     if rule == "sum":
-        return _LayeredVelocity(model, weights) if _terms.boundaries(model) else \
-            _sum_velocity_fn(_terms.resolve(model, 0.0), weights)
+        return _LayeredVelocity(model, weights, stats) if _terms.boundaries(model) else \
+            _sum_velocity_fn(_terms.resolve(model, 0.0), weights, stats)
     if rule == "independent":
         return lambda x, t: model.velocity(x)
     if rule == "prescribed":
@@ -217,9 +248,16 @@ def _velocity_fn(model, rule: str, weights: np.ndarray) -> Callable[[np.ndarray,
         beta = float(model.beta)
         usa = getattr(model, "normalization", "softmax") == "usa"
         shift = beta * model.usa_shift if usa else 0.0
+        # many tokens: the model's evaluator (one per head and run: its caches and memory), certified to tol
+        ev = model.evaluator() if (not usa and callable(getattr(model, "evaluator", None))) else None
 
         def v_soft(x, t):
             x = np.ascontiguousarray(x)
+            if ev is not None and float(x.shape[0]) ** 2 > FAST_PAIRS:
+                mean, info = ev.mean_field(x, x, weights)
+                if stats is not None:
+                    stats.add(info)
+                return tangent_project(x, mean @ V.T)
             mean = np.empty_like(x)
             lse = np.empty(x.shape[0])
             launch(softmax_mean, x.shape[0] ** 2, x, np.ascontiguousarray(x.T), logw, B, beta, mean, lse)
@@ -238,7 +276,7 @@ def _velocity_fn(model, rule: str, weights: np.ndarray) -> Callable[[np.ndarray,
     return v_hard
 
 
-def _simulate_noisy(model, v, x, w, t_end, dt, save_at, seed, rule) -> ParticleResult:
+def _simulate_noisy(model, v, x, w, t_end, dt, save_at, seed, rule, stats) -> ParticleResult:
     """Projected Euler-Maruyama (see :func:`simulate_particles`'s ``seed``), fixed steps, layers landed on."""
     rng = np.random.default_rng(seed)
     bounds = _terms.boundaries(model)
@@ -269,7 +307,8 @@ def _simulate_noisy(model, v, x, w, t_end, dt, save_at, seed, rule) -> ParticleR
                    "rejected": np.zeros(steps.size)}
     return ParticleResult(times=knots[save_idx].copy(), positions=out, weights=w, model=model,
                           method="euler-maruyama", rule=rule, dt=float(dt), n_steps=int(steps.size),
-                          diagnostics=diagnostics, rtol=None)
+                          diagnostics=diagnostics, rtol=None, field_bound=stats.bound,
+                          field_methods=tuple(sorted(stats.methods)))
 
 
 def particle_velocity(model, x, t: float = 0.0, weights=None, hardmax: bool = False) -> np.ndarray:
@@ -539,14 +578,15 @@ def simulate_particles(
     atol = finite_float(atol, "atol", low=0.0)
     w = _check_weights(weights, x.shape[0])
     rule = _rule(model, bool(hardmax))
-    v = _velocity_fn(model, rule, w)
+    stats = _FieldStats()
+    v = _velocity_fn(model, rule, w, stats)
     if rule == "sum" and _terms.has_noise(model):
         if method != "euler":
             raise ValueError(f"a model with Noise needs method='euler' (Euler-Maruyama), got method={method!r}")
         if rtol is not None:
             raise ValueError("a model with Noise needs fixed steps (rtol=None): the error estimate of the "
                              "deterministic schemes does not measure the noise")
-        return _simulate_noisy(model, v, x, w, t_end, dt, save_at, seed, rule)
+        return _simulate_noisy(model, v, x, w, t_end, dt, save_at, seed, rule, stats)
     step, error, _, q = SCHEMES[method]
     controller = StepController(1.0 / q)  # the PDE solver's step-size rule
     if rtol is None:
@@ -620,5 +660,6 @@ def simulate_particles(
     diagnostics = {k: np.array(val, dtype=float) for k, val in diag.items()}
     return ParticleResult(
         times=save_times.copy(), positions=out, weights=w, model=model, method=method, rule=rule,
-        dt=dt, n_steps=len(diag["dt"]), diagnostics=diagnostics, rtol=rtol,
+        dt=dt, n_steps=len(diag["dt"]), diagnostics=diagnostics, rtol=rtol, field_bound=stats.bound,
+        field_methods=tuple(sorted(stats.methods)),
     )
