@@ -175,3 +175,31 @@ def test_the_solver_keeps_one_evaluator_per_head_and_checkpoints_each():
     s2.set_state(state)
     for k in keys:  # restored, then advanced by the state's own field exactly as the first solver did
         assert s2.evaluators[k].memory == s.evaluators[k].memory
+
+
+def test_usa_by_the_series_and_the_fft_within_tol():
+    """The unnormalised attention on the fast paths: the series on S^2 (absolute bound; no refusal far from
+    the mass, where N is small) and the circle FFT (the convolution N itself), each within tol of the USA's
+    direct sums, with the method and bound in the info; pruning is refused by name."""
+    y = _pix(16)
+    w = _clusters(y, 300.0, 1e-3) * 4 * np.pi / len(y)
+    for beta in (3.0, 20.0):
+        ref = sp.Attention(P, V, beta, normalization="usa", method="direct").mean_field(y, y, w)
+        m, info = sp.Attention(P, V, beta, normalization="usa", method="spectral").mean_field(
+            y, y, w, return_info=True)
+        assert info.method == "series" and 0.0 < info.bound <= 0.9e-12, info.chain
+        assert np.abs(m - ref).max() <= 1e-12
+    # auto at this size (9.4e6 pairs): the series as well
+    assert sp.Attention(P, V, 3.0, normalization="usa").mean_field(y, y, w, return_info=True)[1].method == "series"
+    with pytest.raises(ValueError, match="pruned"):
+        sp.Attention(P, V, 3.0, normalization="usa", method="pruned").mean_field(y, y, w)
+    # the circle: B = V = I (Bruno et al.), the solver's hint
+    g = sp.TensorGrid(2, 256)
+    f = (1.0 + 0.5 * np.cos(3 * np.arctan2(g.centers[:, 1], g.centers[:, 0]))) / (2 * np.pi)  # mass 1
+    model = sp.Attention(np.eye(2), np.eye(2), 7.0, normalization="usa")
+    s = sp.Solver(g, model, f)
+    m = s._grid_mean_field(s.f)
+    assert s.field_info.methods == ("circle_fft",) and 0.0 < s.field_info.bound <= 1e-12
+    ref = sp.Attention(np.eye(2), np.eye(2), 7.0, normalization="usa", method="direct").mean_field(
+        g.centers, g.centers, s.f * g.areas)
+    assert np.abs(m - ref).max() <= 1e-12 + 1e-15

@@ -141,8 +141,26 @@ class AttentionEvaluator:
     def _exact(self, p: Targets) -> str:
         """The guaranteed method for these targets: pruned where kappa is large enough to prune (it sums
         the fraction :func:`~spherepde.evaluation.methods.pruned_fraction` of the sources at about half the
-        direct kernel's speed per source), direct otherwise."""
+        direct kernel's speed per source), direct otherwise; the USA's direct sums for the USA."""
+        if self.model.normalization == "usa":
+            return "usa_direct"
         return "pruned" if _m.pruned_fraction(self.model.tol, p.kappa, p.N) < 0.5 else "direct"
+
+    def _usa_first(self, p: Targets, requested: str) -> str:
+        """The unnormalised attention: direct sums for small problems, ``method="direct"`` or d != 3; else the
+        series (in-house or by fast transforms, as for "spectral"), whose refusals take the direct sums.
+        Pruning does not apply (its bound is relative to the softmax normaliser)."""
+        if requested == "pruned":
+            raise ValueError("method 'pruned' does not evaluate the unnormalised attention (normalization='usa'): "
+                             "its bound is relative to the softmax normaliser; use 'auto', 'direct' or 'spectral'")
+        if requested in ("series", "fast_spectral"):
+            return self._first(p, requested)[0]
+        if requested == "direct" or self.model.dim != 3 or (requested == "auto" and p.N * p.M <= 4e6):
+            return "usa_direct"
+        if requested == "auto" and _m.spectral_degree(self.model.tol, float(p.kappa.max()))[0] > _m.SPECTRAL_LMAX \
+                and not _m.FastSpectral.allowed(self):
+            return "usa_direct"
+        return self._spectral_entry(p)
 
     def choose(self, p: Targets) -> tuple[str, bool]:
         """The method "auto" uses for these targets, and whether the series' pass fraction is remembered."""
@@ -278,12 +296,11 @@ class AttentionEvaluator:
             keep = w > 0       # has collapsed into clusters is 0 on most cells, to the last bit)
             y, w = y[keep], w[keep]
         info.n_targets, info.n_sources = M, y.shape[0]
-        if model.normalization == "usa":
-            p = Targets(x, x, np.zeros(M), y, w)
-            self._run("usa_direct", p, out, info, False)
-            return self._checked(out, info)
         U, kappa = kernel_centres(model, x)
         p = Targets(x, U, kappa, y, w)
+        if model.normalization == "usa":
+            self._run(self._usa_first(p, requested), p, out, info, False)
+            return self._checked(out, info)
         first, remember = self._first(p, requested)
         self._run(first, p, out, info, remember)
         return self._checked(out, info)

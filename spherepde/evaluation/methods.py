@@ -203,13 +203,24 @@ def add_heavy(heavy, U, kappa, y, w, F, delta):
     return extra
 
 
-def _accept(F, delta, tol, out):
+def _accept(F, delta, tol, out, ev=None, kappa=None):
     """The four sums F (M, 4) with their bound delta (M,): m = F[1:] / F[0] where the bound
     (1 + sqrt 3) delta / D (plus 64 eps for the heavy direct sums) is <= 0.9 tol. Returns (refused mask,
-    the largest bound accepted)."""
+    the largest bound accepted).
+
+    The unnormalised attention (``ev.model.normalization == "usa"``, with the targets' ``kappa``): m = F[1:]
+    e^{kappa - beta s_B} (the sums are of the kernel shifted by kappa; e^{kappa - beta s_B} <= 1), with the
+    absolute bound sqrt(3) (delta + 64 eps |F|) e^{kappa - beta s_B} per component; no division by D, so
+    targets far from the mass are not refused."""
+    D = F[:, 0]
+    if ev is not None and ev.model.normalization == "usa":
+        scale = np.exp(kappa - ev.model.beta * ev.model.usa_shift)
+        bound = math.sqrt(3.0) * (delta + 64.0 * _EPS * np.abs(F[:, 1:]).max(axis=1)) * scale
+        ok = bound <= 0.9 * tol
+        out[ok] = F[ok, 1:] * scale[ok, None]
+        return ~ok, (float(bound[ok].max()) if ok.any() else 0.0)
     # m_hat - m = (N_hat - N) / D_hat + m (D - D_hat) / D_hat, |N_hat - N| <= sqrt(3) delta;
     # heavy part: direct sums, relative rounding ~ 1e-16 x (terms): counted as 64 eps D
-    D = F[:, 0]
     delta = delta + 64.0 * _EPS * np.abs(D)
     with np.errstate(divide="ignore", invalid="ignore"):
         bound = (1.0 + math.sqrt(3.0)) * delta / D
@@ -419,7 +430,7 @@ class Series(Method):
         # accumulation over the L + 1 degrees; it over-estimates the measured errors 20-70 times).
         delta = w1 * tail + 8.0 * _EPS * math.sqrt(L + 1) * (absum + w2 * math.sqrt(2 * L + 1))
         delta = delta + add_heavy(heavy, U, kappa, y, w, F, delta)
-        bad, bound = _accept(F, delta, tol, out)
+        bad, bound = _accept(F, delta, tol, out, ev, kappa)
         info.degree = max(info.degree or 0, L)
         info.heavy = int(heavy.sum())
         info.note(self.name, M, bound, refused=int(bad.sum()))
@@ -484,7 +495,7 @@ class FastSpectral(Method):
         heavy, wl = heavy_split(p.w)
         F, delta = _fh.spectral_sums(p.U, p.kappa, p.y, wl, bins, order, numba.get_num_threads(), cache=ev.cache)
         delta = delta + add_heavy(heavy, p.U, p.kappa, p.y, p.w, F, delta)
-        bad, bound = _accept(F, delta, ev.model.tol, out)
+        bad, bound = _accept(F, delta, ev.model.tol, out, ev, p.kappa)
         info.degree = max(b[4] for b in bins)
         info.plan = [(b[2], b[3], b[4], b[5], b[1] - b[0]) for b in bins]
         info.heavy = int(heavy.sum())
@@ -508,13 +519,13 @@ class CircleFFT(Method):
     def applies(ev) -> bool:
         from ..kernels.circle import rotation_scale
 
-        return (ev.circle_phi0 is not None and ev.model.dim == 2 and ev.model.normalization == "softmax"
-                and rotation_scale(ev.model.B) is not None)
+        return ev.circle_phi0 is not None and ev.model.dim == 2 and rotation_scale(ev.model.B) is not None
 
     def run(self, ev, p, out, info):
         from ..kernels.circle import circle_fft
 
-        m, bound = circle_fft(ev.model.B, ev.model.beta, ev.circle_phi0, p.w, ev.model.tol)
+        m, bound = circle_fft(ev.model.B, ev.model.beta, ev.circle_phi0, p.w, ev.model.tol,
+                              normalised=ev.model.normalization == "softmax")
         if m is None:
             info.note(self.name, p.M, 0.0, refused=p.M)
             return np.ones(p.M, dtype=bool)
@@ -527,7 +538,8 @@ class CircleFFT(Method):
 class UsaDirect(Method):
     """The unnormalised attention (USA): m(x_i) = sum_j w_j y_j exp(beta (<x_i, B y_j> - s_B)), the
     softmax mean times its normaliser exp(lse_i - beta s_B) <= sum_j w_j (the kernel of the particle
-    code: one pass, no overflow); exact to rounding, O(N M)."""
+    code: one pass, no overflow); exact to rounding, O(N M). (The series, the fast transforms and the
+    circle FFT evaluate the USA too, with an absolute bound; pruning does not: its bound is relative.)"""
 
     name = "usa_direct"
     guaranteed = True

@@ -62,10 +62,14 @@ def fft_error_constant(N: int) -> float:
 FFT_TOL = 1e-10
 
 
-def circle_fft(B, beta: float, phi0: float, weights, tol: float = FFT_TOL):
+def circle_fft(B, beta: float, phi0: float, weights, tol: float = FFT_TOL, normalised: bool = True):
     """(m, bound): m_beta at the N equally spaced points phi0 + j 2 pi / N of the circle (sources =
     targets) by FFT, with the error bound of the module docstring; (None, bound) where the bound exceeds
-    ``tol`` or B is not a rotation times a scale (bound None then). ``weights`` (N,) >= 0, not all zero."""
+    ``tol`` or B is not a rotation times a scale (bound None then). ``weights`` (N,) >= 0, not all zero.
+
+    ``normalised=False``: the unnormalised attention (USA) m_i = N_i = sum_j K_{i-j} w_j y_j, whose kernel
+    K = exp(beta s (cos - 1)) is already e^{beta (<x, B y> - s_B)} (s_B = s for B = s R), with the absolute
+    bound E(w y_c) per component."""
     w = np.asarray(weights, float)
     N = w.shape[0]
     rs = rotation_scale(B)
@@ -85,6 +89,10 @@ def circle_fft(B, beta: float, phi0: float, weights, tol: float = FFT_TOL):
     def E(v):
         return 3 * eF * (K2 * np.abs(v).sum() + K1 * np.linalg.norm(v)) + 2 * _U * K1 * np.abs(v).sum()
 
+    if not normalised:
+        m = np.stack([conv[1], conv[2]], axis=1)
+        bound = float(max(E(vs[1]), E(vs[2])))
+        return (m, bound) if bound <= float(tol) else (None, bound)
     D = conv[0]
     ED = E(w)
     if not np.all(D > ED):

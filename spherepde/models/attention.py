@@ -58,7 +58,10 @@ class Attention(Model):
         s_B = sigma_max(B) >= <x, B y>, so every kernel value is in (0, 1] and the field stays finite for any
         beta. This is the raw USA dynamics dx/dt' = P_x(V sum_j w_j y_j e^{beta <x, B y_j>}) in the rescaled
         time t = e^{beta s_B} t' (the rescaling of the literature, e^{beta} for B = I). Evaluated by the
-        direct sum (exact to rounding, O(N M)): ``tol`` and ``method`` do not apply.
+        direct sum (exact to rounding, O(N M)) for small problems and ``method="direct"``; otherwise ("auto",
+        "spectral", d = 3) by the series with the absolute bound ``tol`` (the heavy sources summed
+        directly; refused targets by the direct sum), and on a uniform circle grid by the FFT. ``"pruned"``
+        is refused (its bound is relative to the softmax normaliser).
 
     Notes
     -----
