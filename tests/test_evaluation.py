@@ -203,3 +203,20 @@ def test_usa_by_the_series_and_the_fft_within_tol():
     ref = sp.Attention(np.eye(2), np.eye(2), 7.0, normalization="usa", method="direct").mean_field(
         g.centers, g.centers, s.f * g.areas)
     assert np.abs(m - ref).max() <= 1e-12 + 1e-15
+
+
+def test_usa_by_the_fast_transforms_within_tol(monkeypatch):
+    """The USA on the fast-transform path (forced on at this small size; beta 60 needs L > 40): within tol
+    1e-10 of the direct sums at every target, with the methods and bound in the info."""
+    pytest.importorskip("ducc0")
+    import spherepde.evaluation.methods as M
+
+    monkeypatch.setattr(M, "FAST_SPECTRAL_MIN_WORK", 0.0)
+    y = _pix(16)
+    w = _clusters(y, 100.0, 1e-2) * 4 * np.pi / len(y)
+    w /= w.sum()
+    ref = sp.Attention(P, V, 60.0, normalization="usa", method="direct").mean_field(y, y, w)
+    m, info = sp.Attention(P, V, 60.0, tol=1e-10, normalization="usa", method="spectral").mean_field(
+        y, y, w, return_info=True)
+    assert info.method == "fast_spectral" and info.bound <= 0.9e-10
+    assert np.abs(m - ref).max() <= 1e-10
