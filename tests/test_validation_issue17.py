@@ -17,6 +17,6 @@ def test_cluster_dynamics_quick_mode_passes_its_criteria(tmp_path, monkeypatch):
     assert mod.main(["--quick"]) == 0
     res = json.loads((tmp_path / "results_quick.json").read_text())
     crits = mod.criteria(res)
-    assert len(crits) == 15 and all(c["pass"] for c in crits), [c for c in crits if not c["pass"]]
+    assert len(crits) == 21 and all(c["pass"] for c in crits), [c for c in crits if not c["pass"]]
     # the stall is left by the translation along e2 at rate 1 for every beta
     assert all(c["mode"].startswith("translation") and abs(c["most_unstable"] - 1.0) < 1e-6 for c in res["cone"])
