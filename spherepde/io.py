@@ -101,7 +101,10 @@ _VARIABLES = {
     "dt": ("step size", "1"),
     "error": ("embedded error estimate of the step (relative to the tolerance)", "1"),
     "rejected": ("attempts rejected by the error control before the step", "1"),
-    "field_error": ("certified bound of the attention field's error", "1"),
+    "field_error": ("measured relative error of the linearly extrapolated field where it was recomputed "
+                    "(field_interval), else 0", "1"),
+    "field_bound": ("largest certified bound on the attention mean's error of the step's evaluations (0: local "
+                    "model or direct sums)", "1"),
     "gronwall": ("Gronwall lower bound of min f", "DENSITY"),
     "w2_limit": ("Wasserstein-2 distance to the limit measure Pi#rho_0", "1"),
     "alignment_E": ("alignment of the mass with the eigenspace E of V B^T", "1"),

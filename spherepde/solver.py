@@ -155,7 +155,9 @@ class Result:
         ``error`` (the accepted step's estimated error ratio, <= 1 under error control; see
         :mod:`spherepde.steppers`), ``rejected`` (attempts rejected before the step), ``field_error``
         (``field_interval`` only: the measured relative error of the extrapolated field where it was
-        recomputed, else 0); the per-step entries are 0 for the last entry.
+        recomputed, else 0), ``field_bound`` (the largest certified bound on |m_hat - m| of the attention
+        evaluations the step used, :mod:`spherepde.evaluation`; 0 for local models and direct sums; NaN for
+        steps of a checkpoint written before it was recorded); the per-step entries are 0 for the last entry.
     grid, model, options : what made it (``grid``: the grid of the first saved state). n_steps : int.
     wall_time : seconds. grids : the grid of each saved state (None: ``grid`` for all).
     """
@@ -233,8 +235,8 @@ def _save_times(save_at, t0: float, t_end: float) -> np.ndarray:
 
 
 #: Per-step diagnostics (lists in ``Solver.diag``); the first five are recorded at every step start.
-_DIAG_KEYS = ("time", "mass", "min", "max", "sup_div", "dt", "error", "rejected", "field_error")
-_STEP_KEYS = ("dt", "error", "rejected", "field_error")
+_DIAG_KEYS = ("time", "mass", "min", "max", "sup_div", "dt", "error", "rejected", "field_error", "field_bound")
+_STEP_KEYS = ("dt", "error", "rejected", "field_error", "field_bound")
 
 
 class Solver:
@@ -257,6 +259,7 @@ class Solver:
         if hasattr(model, "set_state"):  # a clean history: a model reused from another run gives the same bits
             model.set_state({})
         self.field_info = None  # FieldInfo of the last attention evaluation (spherepde.evaluation)
+        self._step_bound = 0.0  # the largest certified bound of the evaluations since the last step
         self.t = finite_float(t0, "t0")
         if callable(f0) and hasattr(grid, "initial"):  # a grid that adapts refines on f0 first (Grid.initial)
             grid = grid.initial(f0, attention_scale(_terms.resolve(model, self.t)))
@@ -508,6 +511,7 @@ class Solver:
         if ev is None:  # a nonlocal term of the user's own, with its own mean_field
             return model.mean_field(grid.centers, sources, w)
         m, self.field_info = ev.mean_field(grid.centers, sources, w, circle_phi0=hint)
+        self._step_bound = max(self._step_bound, self.field_info.bound)
         return m
 
     def _moments(self, t: float, f: np.ndarray) -> np.ndarray:
@@ -681,9 +685,10 @@ class Solver:
             self._dt_next = proposal
         self._extrema = (f_new, lo, hi)  # for _record, which the step ends with
         d = self.diag
-        for k, v in zip(_STEP_KEYS, (dt, err, rejected, self._field_err)):
+        for k, v in zip(_STEP_KEYS, (dt, err, rejected, self._field_err, self._step_bound)):
             d[k].append(float(v))
         self._field_err = 0.0
+        self._step_bound = 0.0
         self.f = f_new
         self.t = t_land if (t_land is not None and dt == dt_max) else self.t + dt
         self.n_steps += 1
@@ -900,8 +905,9 @@ class Solver:
         self.l0 = float(state["l0"])
         self.diag = {k: list(v) for k, v in state["diag"].items()}
         self._history = [(float(t), np.array(m)) for t, m in state.get("history", [])]
-        for k in _DIAG_KEYS:
-            self.diag.setdefault(k, [])
+        for k in _DIAG_KEYS:  # a key the checkpoint's version did not record: NaN for its steps (unknown)
+            self.diag.setdefault(k, [float("nan")] * len(self.diag.get("dt", [])) if k in _STEP_KEYS else [])
+        self._step_bound = 0.0  # the evaluations of this state (below) count for the next step, as in the run
         ctl = state.get("controller", {})
         self._dt_next = float(ctl.get("dt_next", np.inf))
         self._field_curv = float(ctl.get("field_curv", np.inf))

@@ -220,3 +220,29 @@ def test_usa_by_the_fast_transforms_within_tol(monkeypatch):
         y, y, w, return_info=True)
     assert info.method == "fast_spectral" and info.bound <= 0.9e-10
     assert np.abs(m - ref).max() <= 1e-10
+
+
+def test_each_step_records_the_certified_bound_of_its_field():
+    """diagnostics["field_bound"]: per step the largest certified bound of the attention evaluations it used,
+    within tol (pruned: 0.9 tol / (1 - eps)); 0 for a local model; a resumed run records the same values."""
+    g = sp.HealpixGrid(8)
+    f0 = _clusters(g.centers, 30.0)
+    r = sp.solve(g, sp.Attention(P, V, 20.0, method="pruned"), f0, 0.05)
+    b = r.diagnostics["field_bound"]
+    assert len(b) == r.n_steps + 1 and b[-1] == 0.0
+    assert np.all((b[:-1] > 0.0) & (b[:-1] <= 1e-12))
+    assert np.all(sp.solve(g, sp.ZeroTemperature(P, V), f0, 0.05).diagnostics["field_bound"] == 0.0)
+    s = sp.Solver(g, sp.Attention(P, V, 20.0, method="pruned"), f0)
+    for _ in range(3):
+        s.step()
+    s2 = sp.Solver(g, sp.Attention(P, V, 20.0, method="pruned"), f0)
+    s2.set_state(s.get_state())
+    s.step()
+    s2.step()
+    assert s2.diag["field_bound"] == s.diag["field_bound"]
+    # a checkpoint of a version that did not record it: NaN for its steps, not a shorter list
+    old = s.get_state()
+    del old["diag"]["field_bound"]
+    s3 = sp.Solver(g, sp.Attention(P, V, 20.0, method="pruned"), f0)
+    s3.set_state(old)
+    assert len(s3.diag["field_bound"]) == len(s3.diag["dt"]) and np.all(np.isnan(s3.diag["field_bound"]))
