@@ -360,7 +360,7 @@ results_for = C.quick_results(HERE)
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="shorter paths (T = 6)")
+    ap.add_argument("--quick", action="store_true", help="paths to T = 15 (not 20) and three eps (not six)")
     a = ap.parse_args(argv)
     res = study(a.quick)
     C.save_outputs(HERE, "cluster_dynamics", res, a.quick, write_md, plot)
