@@ -281,12 +281,13 @@ class AttentionEvaluator:
         out = np.empty((M, d))
         if M == 0:
             return out, info
+        U, kappa = kernel_centres(model, x)
         self.circle_phi0 = circle_phi0 if (circle_phi0 is not None and M == y.shape[0]) else None
         try:
             if self.circle_phi0 is not None and _m.CircleFFT.applies(self):
                 # all N weights (zeros included): the convolution needs the whole uniform grid. Where its
                 # bound fails it refuses every target, which then take the general path below
-                p = Targets(x, *kernel_centres(model, x), y, w)
+                p = Targets(x, U, kappa, y, w)
                 if REGISTRY["circle_fft"].run(self, p, out, info) is None:
                     info.n_targets, info.n_sources = M, y.shape[0]
                     return self._checked(out, info)
@@ -296,7 +297,6 @@ class AttentionEvaluator:
             keep = w > 0       # has collapsed into clusters is 0 on most cells, to the last bit)
             y, w = y[keep], w[keep]
         info.n_targets, info.n_sources = M, y.shape[0]
-        U, kappa = kernel_centres(model, x)
         p = Targets(x, U, kappa, y, w)
         if model.normalization == "usa":
             self._run(self._usa_first(p, requested), p, out, info, False)

@@ -338,7 +338,7 @@ def plot(res, path):
         ax[0].plot(t, p[:, 0] ** 2, label=f"align E, beta {b:g}")
         ax[0].plot(t, p[:, 2] ** 2, "--", label=f"align F_abs, beta {b:g}")
     ax[0].set_xlabel("t")
-    ax[0].set_title("two antipodal clusters: e1 -> the stall cone", fontsize=9)
+    ax[0].set_title("two antipodal clusters: e1 -> the stall cone (the three beta coincide)", fontsize=9)
     ax[0].legend(fontsize=6)
     for c in res["cone"]:
         ax[1].plot([c["beta"]] * len(c["eigenvalues"]), c["eigenvalues"], "o", color="C0")
@@ -349,6 +349,7 @@ def plot(res, path):
     ax[1].set_yscale("symlog", linthresh=1.0)
     ax[1].axhline(0, color="k", lw=0.6)
     ax[1].set_xlabel("beta")
+    ax[1].set_ylabel("eigenvalue (symlog)")
     ax[1].set_title("Jacobian eigenvalues: at +-e1 (x), on the stall cone (o)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
