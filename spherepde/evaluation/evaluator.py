@@ -114,7 +114,6 @@ class AttentionEvaluator:
         self.model = model
         self.cache: dict = {}
         self.memory: dict = {}
-        self.circle_phi0 = None  # set for the duration of a call with a circle hint (CircleFFT reads it)
 
     # ------------------------------------------------------------------ state
     def get_state(self) -> dict:
@@ -174,7 +173,7 @@ class AttentionEvaluator:
             t_spec = REGISTRY["fast_spectral"].cost(self, p, min(t_direct, t_pruned) / 1.3) * 1.3 + 0.02
             best = min(t_direct, t_pruned, t_spec)
             return ("direct" if best == t_direct else "pruned" if best == t_pruned else self._spectral_entry(p)), False
-        if _m.pruned_fraction(tol, p.kappa, N) < 0.5:
+        if self._exact(p) == "pruned":
             return "pruned", False
         L = _m.spectral_degree(tol, float(p.kappa.max()))[0] if self.model.dim == 3 else _m.SPECTRAL_AUTO_LMAX + 1
         if L <= _m.SPECTRAL_AUTO_LMAX:
@@ -185,7 +184,7 @@ class AttentionEvaluator:
             # the series.
             passed = self.memory.get("series_pass", 1.0)
             if passed < 1.0:
-                t_series = (N + 3.7 * M) * (L + 1) ** 2 * _m.SERIES_COST
+                t_series = REGISTRY["series"].cost(self, p)
                 if t_series >= passed * (N * M / _m.DIRECT_RATE):  # series + its fallback cost more than direct
                     self.memory["series_pass"] = min(1.0, passed + 0.05)  # drift back: try it again later
                     return "direct", False
@@ -210,17 +209,14 @@ class AttentionEvaluator:
         again on a slowly changing density). Not tried: the memory drifts back towards trying it, so that a
         density that smooths out again gets it."""
         if name == "fast_spectral" and info.plan is not None:  # (no plan: kappa beyond any series)
-            series = REGISTRY["series"]
-            L = series.degree(self, sub)
             N, nb_ = sub.N, sub.M
-            # CPU seconds (measured on the 2-core machine at nside 64, L 45..81): the series' source
-            # coefficients N L^2 and per-target sums nb L^2 (~3.7x the cost per point); the guaranteed sums
-            # by the same estimates as "auto"
-            t_series = (N + 3.7 * nb_) * (L + 1) ** 2 * _m.SERIES_COST
+            # CPU seconds: the series' cost model (inf beyond its largest degree); the guaranteed sums by
+            # the same estimates as "auto"
+            t_series = REGISTRY["series"].cost(self, sub)
             frac = _m.pruned_fraction(self.model.tol, sub.kappa, N)
             t_exact = nb_ * N * (frac / _m.PRUNED_RATE if frac < 0.5 else 1.0 / _m.DIRECT_RATE)
             passed = self.memory.get("series_pass", 1.0)
-            if L <= _m.SPECTRAL_LMAX and t_series < passed * t_exact:
+            if t_series < passed * t_exact:
                 return "series", True
             self.memory["series_pass"] = min(1.0, passed + 0.05)
         return self._exact(sub), False
@@ -282,17 +278,13 @@ class AttentionEvaluator:
         if M == 0:
             return out, info
         U, kappa = kernel_centres(model, x)
-        self.circle_phi0 = circle_phi0 if (circle_phi0 is not None and M == y.shape[0]) else None
-        try:
-            if self.circle_phi0 is not None and _m.CircleFFT.applies(self):
-                # all N weights (zeros included): the convolution needs the whole uniform grid. Where its
-                # bound fails it refuses every target, which then take the general path below
-                p = Targets(x, U, kappa, y, w)
-                if REGISTRY["circle_fft"].run(self, p, out, info) is None:
-                    info.n_targets, info.n_sources = M, y.shape[0]
-                    return self._checked(out, info)
-        finally:
-            self.circle_phi0 = None
+        if circle_phi0 is not None:
+            # all N weights (zeros included): the convolution needs the whole uniform grid. Where its bound
+            # fails it refuses every target, which then take the general path below
+            p = Targets(x, U, kappa, y, w, circle_phi0)
+            if _m.CircleFFT.applies(self, p) and REGISTRY["circle_fft"].run(self, p, out, info) is None:
+                info.n_targets, info.n_sources = M, y.shape[0]
+                return self._checked(out, info)
         if not np.all(w > 0):  # a source of weight 0 adds exactly 0 to both sums: left out (a density that
             keep = w > 0       # has collapsed into clusters is 0 on most cells, to the last bit)
             y, w = y[keep], w[keep]
