@@ -302,11 +302,12 @@ class Solver:
         self._buffers = [np.empty(N), np.empty(N)]  # stage outputs; never alias self.f
         self._padding = None  # (cell, slot) index arrays of the padding slots of cell_faces
         self._offsets = None  # face point offsets of limiter="maximum"
-        self._rates_of = None  # the moment set whose rates are in self._last_rates
+        self._rates_of = []  # the last moment sets (face moments array, (rate, div)) whose rates were computed
         self._blocks = None  # (block index per cell, number of blocks) of the error norm
         self._vtw = {}  # id(head) -> face normals times V of that head (the fused weights kernel)
         self._diffusion = None  # spherepde.diffusion.DiffusionOperators of the grid, built on first use
         self._steady_cache = {}  # (interval, "all" | "local") -> moments or weights of steady local fields
+        self._timed = []  # the last two (interval, t, moments) of time-dependent local fields
         self._history: list[tuple[float, np.ndarray]] = []  # (t, face weights a) for field_interval (per grid)
         self._extrema = None  # (f, min f, max f) of the state step() just made, for _record
 
@@ -521,7 +522,19 @@ class Solver:
             if key not in self._steady_cache:
                 self._steady_cache[key] = self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
             return self._steady_cache[key]
-        if active.local and getattr(active, "modes", None):  # v = sum_k c_k(t) v_k: each v_k evaluated once
+        if active.local:  # a field of t alone: an accepted step's last stage at t + dt is the next state's
+            for key, tk, mom in self._timed:
+                if key == self._active_key and tk == t:
+                    return mom
+            mom = self._local_moments(t, f)
+            self._timed = [self._timed[-1], (self._active_key, t, mom)] if self._timed else [(self._active_key, t, mom)]
+            return mom
+        return self._compute_moments(*self._extrapolated_weights(t, f))
+
+    def _local_moments(self, t: float, f: np.ndarray):
+        """The moments of a time-dependent local field at t."""
+        active = self._active
+        if getattr(active, "modes", None):  # v = sum_k c_k(t) v_k: each v_k evaluated once
             key = (self._active_key, "modes")
             if key not in self._steady_cache:
                 grid = self.grid
@@ -531,6 +544,7 @@ class Solver:
                               for k in range(len(active.modes))])
                 self._steady_cache[key] = (A, np.empty((F, G)))
             A, a = self._steady_cache[key]
+            grid = self.grid
             c = active.mode_coefficients(t)
             if len(c) == 1:  # one mode: max(c a, 0) = |c| max(+-a, 0), so the moments of +-v_1 scale
                 key1 = (self._active_key, "mode+" if c[0] >= 0 else "mode-")
@@ -540,26 +554,29 @@ class Solver:
                 # the scale travels with the moments (a third element): a stage with moments s m and step
                 # dt is the stage with m and s dt, and the rates scale by s, so no scaled copy is made
                 return mom, side, abs(float(c[0]))
+            if grid.dim == 3 and self.options.scheme == "linear":  # a is not formed (face_side_moments_modes)
+                key_w = (self._active_key, "mode tables")
+                if key_w not in self._steady_cache:
+                    self._steady_cache[key_w] = fv.mode_face_tables(
+                        A, grid.face_points, grid.xbar, grid.owner, grid.neighbour,
+                        np.linalg.norm(grid.face_normals, axis=2))
+                mom, side = self._moment_arrays()
+                fv.face_side_moments_modes(A, self._steady_cache[key_w], np.asarray(c, float), grid.face_points,
+                                           grid.xbar, grid.tangent_basis, grid.owner, grid.neighbour,
+                                           grid.face_slots, mom, side)
+                return mom, side
             fv.combine_weights(A, c, a)
             return self._compute_moments(a)
-        if active.local:
-            return self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
-        return self._compute_moments(*self._extrapolated_weights(t, f))
+        return self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
 
     def _compute_moments(self, a, a_prev=None, c=0.0):
         """Face moments (F, 2 + 2d) and their cell-major outflow copy (N, K, 1 + d), as a pair, from the
         normal-velocity weights a (F, G), or from a + c (a - a_prev) when ``a_prev`` is given."""
         grid = self.grid
-        mom = np.empty((grid.n_faces, fv.moment_width(grid.dim)))
         if a_prev is None:
             a_prev, c = a, 0.0
         quadratic = self.options.scheme == "quadratic"
-        L, Q = quadratic_width(grid.dim)
-        # (q, Q in the cell's tangent frame[, quadratic moments])
-        side = np.empty(grid.cell_faces.shape + ((1 + L + Q) if quadratic else grid.dim,))
-        if self._padding is None:
-            self._padding = np.nonzero(grid.cell_face_sign == 0)
-        side[self._padding] = 0.0
+        mom, side = self._moment_arrays()
         if quadratic:
             pa, pb = quadratic_pair_arrays(grid.dim)
             fv.face_side_moments_quadratic(a, a_prev, c, grid.face_points, grid.xbar, grid.tangent_basis,
@@ -568,6 +585,20 @@ class Solver:
             return mom, side
         fv.face_side_moments(a, a_prev, c, grid.face_points, grid.xbar, grid.tangent_basis, grid.owner,
                              grid.neighbour, grid.face_slots, mom, side)
+        return mom, side
+
+    def _moment_arrays(self):
+        """Fresh face moments (F, 2 + 2d) and cell-major moments (N, K, 1 + d[+ quadratic]) to be filled,
+        the padding slots of the latter zeroed (the kernels leave them alone). Fresh, not reused: moments
+        are memoised by identity (:meth:`_rates`) and kept across steps."""
+        grid = self.grid
+        mom = np.empty((grid.n_faces, fv.moment_width(grid.dim)))
+        L, Q = quadratic_width(grid.dim)
+        # (q, Q in the cell's tangent frame[, quadratic moments])
+        side = np.empty(grid.cell_faces.shape + ((1 + L + Q) if self.options.scheme == "quadratic" else grid.dim,))
+        if self._padding is None:
+            self._padding = np.nonzero(grid.cell_face_sign == 0)
+        side[self._padding] = 0.0
         return mom, side
 
     # ------------------------------------------------------------------ one step
@@ -612,14 +643,20 @@ class Solver:
         return self._offsets
 
     def _rates(self, mom):
-        """(max outflow Courant rate, max discrete div v) of a moment set. Memoised on the last set:
-        the same moments are asked for by the diagnostics after a step and by the next step."""
+        """(max outflow Courant rate, max discrete div v) of a moment set. Memoised on the last three sets
+        (by identity; the sets are kept alive here): the same moments are asked for by the diagnostics
+        after a step and by the next step, and a time-dependent local field's last stage is the next
+        state's (:meth:`_moments`)."""
         s = mom[2] if len(mom) > 2 else 1.0  # moments (m, side, s) stand for s m (s >= 0)
-        if mom[0] is not self._rates_of:
+        for m0, rates in self._rates_of:
+            if m0 is mom[0]:
+                rate, div = rates
+                break
+        else:
             g = self.grid
             fv.cell_rates(mom[0], g.cell_faces, g.cell_face_sign, g.areas, self._rate, self._div)
-            self._rates_of, self._last_rates = mom[0], (float(self._rate.max()), float(self._div.max()))
-        rate, div = self._last_rates
+            rate, div = float(self._rate.max()), float(self._div.max())
+            self._rates_of = (self._rates_of + [(mom[0], (rate, div))])[-3:]
         return (rate, div) if s == 1.0 else (s * rate, s * div)
 
     def _record(self):

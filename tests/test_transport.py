@@ -39,7 +39,11 @@ def test_separable_field_equals_the_plain_field(scheme):
     r1 = sp.solve(g, sep, f0, 1.0, scheme=scheme)
     assert calls == [1, 1]
     r2 = sp.solve(g, plain, f0, 1.0, scheme=scheme)
-    assert calls[0] > 3 * r2.n_steps  # the plain field: every stage
+    # the plain field: at every stage of SSP-RK3 (stage times t, t + dt, t + dt / 2) but the first, whose
+    # time t + dt of the step before is reused (a field of t alone), so twice per attempt, plus the start
+    # and the step that lands on t_end (its end time is t_end itself, not the sum t + dt)
+    attempts = r2.n_steps + int(np.sum(r2.diagnostics["rejected"]))
+    assert 2 * r2.n_steps < calls[0] <= 2 * attempts + 2
     assert r1.n_steps == r2.n_steps
     assert np.abs(r1.density[-1] - r2.density[-1]).max() < 1e-12 * np.abs(r2.density[-1]).max()
     # and the field itself (particles, diagnostics) is the sum of the modes
@@ -63,7 +67,7 @@ def test_one_mode_scales_its_moments():
     f0 = lambda x: 1.0 + np.exp(4 * (x[:, 0] - 1))  # noqa: E731
     r1 = sp.solve(g, sep, f0, 3.0, scheme="quadratic")
     r2 = sp.solve(g, plain, f0, 3.0, scheme="quadratic")
-    assert calls[0] > 3 * r2.n_steps + 1
+    assert calls[0] > 2 * r2.n_steps
     assert r1.n_steps == r2.n_steps
     assert np.abs(r1.density[-1] - r2.density[-1]).max() < 1e-10 * np.abs(r2.density[-1]).max()
     assert np.abs(r1.density[-1] - f0(g.centers)).max() > 1e-2  # the flow did move the density

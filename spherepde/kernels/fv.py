@@ -44,10 +44,13 @@ coordinates.
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import njit, prange, uint64
 
 __all__ = [
     "face_side_moments",
+    "face_side_moments_modes",
+    "mode_face_tables",
     "side_moments",
     "limited_gradient",
     "face_flux",
@@ -731,6 +734,116 @@ def combine_weights(A, c, out):
             for k in range(K):
                 s += c[k] * A[k, f, g]
             out[f, g] = s
+
+
+def mode_face_tables(A, pts, xbar, owner, neigh, scale):
+    """Per face and mode, what :func:`face_side_moments_modes` needs of a separable field's modes A (K, F, G)
+    (S^2): W (F, K, 10) = (sum_g A, sum_g A (X_g - xbar_owner) (3), sum_g A (X_g - xbar_neighbour) (3),
+    alpha, beta, r). The last three bound the sign of any combination: u_kg = A_kg / scale_fg (``scale`` > 0,
+    the size of the point's weighted normal, so u is the normal velocity, smooth along the face where A
+    carries the quadrature weights) has the affine fit alpha + beta tau_g (tau_g from -1 to 1 in the
+    points' order) with largest residual r, so for any coefficients c every point's sum_k c_k u_kg, whose
+    sign is that of sum_k c_k A_kg, lies within sum c alpha -+ (|sum c beta| + sum |c| r). The fit is only a
+    bound's centre: the bound holds whatever the points' order. NumPy: computed once per grid and field."""
+    K, F, G = A.shape
+    off_o = pts - xbar[owner][:, None, :]
+    off_n = pts - xbar[neigh][:, None, :]
+    tau = np.linspace(-1.0, 1.0, G) if G > 1 else np.zeros(1)
+    tt = max(float(tau @ tau), 1.0)
+    W = np.empty((F, K, 10))
+    for k in range(K):
+        W[:, k, 0] = A[k].sum(axis=1)
+        W[:, k, 1:4] = np.einsum("fg,fgj->fj", A[k], off_o)
+        W[:, k, 4:7] = np.einsum("fg,fgj->fj", A[k], off_n)
+        u = A[k] / scale
+        alpha = u.mean(axis=1)
+        beta = (u - alpha[:, None]) @ tau / tt
+        W[:, k, 7] = alpha
+        W[:, k, 8] = beta
+        # the residual, widened by a relative 1e-12 of u's size: the test must hold after rounding
+        W[:, k, 9] = np.abs(u - alpha[:, None] - beta[:, None] * tau[None, :]).max(axis=1) \
+            + 1e-12 * np.abs(u).max(axis=1)
+    return W
+
+
+@njit(parallel=True, cache=True)
+def face_side_moments_modes(A, W, c, pts, xbar, basis, owner, neigh, slots, mom, side):
+    """:func:`face_side_moments` (S^2) for the weights a = sum_k c[k] A[k] of a separable field's modes
+    (``Prescribed.separable``), without forming a: a face whose weights cannot change sign for these c
+    (the bound of ``W`` = :func:`mode_face_tables`: every point's normal velocity is within sum c alpha -+
+    (|sum c beta| + sum |c| r)) is all outflow or all inflow, and its moments are the same combination of the
+    modes' whole-face moments (linear in c there); only the faces where the sign may change along the face
+    are summed point by point (reading A and the points). The same moments as combine_weights +
+    face_side_moments up to rounding (sums in another order)."""
+    K, F, G = A.shape
+    for f in prange(F):
+        o = owner[f]
+        n = neigh[f]
+        mid = 0.0
+        slope = 0.0
+        res = 0.0
+        for k in range(K):
+            ck = c[k]
+            mid += ck * W[f, k, 7]
+            slope += ck * W[f, k, 8]
+            res += abs(ck) * W[f, k, 9]
+        spread = abs(slope) + res
+        lo = mid - spread
+        hi = mid + spread
+        P = 0.0
+        Nn = 0.0
+        p0 = 0.0
+        p1 = 0.0
+        p2 = 0.0
+        n0 = 0.0
+        n1 = 0.0
+        n2 = 0.0
+        if lo >= 0.0:  # outflow along the whole face
+            for k in range(K):
+                ck = c[k]
+                P += ck * W[f, k, 0]
+                p0 += ck * W[f, k, 1]
+                p1 += ck * W[f, k, 2]
+                p2 += ck * W[f, k, 3]
+        elif hi <= 0.0:  # inflow along the whole face
+            for k in range(K):
+                ck = c[k]
+                Nn += ck * W[f, k, 0]
+                n0 += ck * W[f, k, 4]
+                n1 += ck * W[f, k, 5]
+                n2 += ck * W[f, k, 6]
+        else:  # the sign may change along the face: point by point
+            xo0 = xbar[o, 0]
+            xo1 = xbar[o, 1]
+            xo2 = xbar[o, 2]
+            xn0 = xbar[n, 0]
+            xn1 = xbar[n, 1]
+            xn2 = xbar[n, 2]
+            for gg in range(G):
+                ag = 0.0
+                for k in range(K):
+                    ag += c[k] * A[k, f, gg]
+                pos = max(ag, 0.0)
+                neg = min(ag, 0.0)
+                X0 = pts[f, gg, 0]
+                X1 = pts[f, gg, 1]
+                X2 = pts[f, gg, 2]
+                P += pos
+                Nn += neg
+                p0 += pos * (X0 - xo0)
+                p1 += pos * (X1 - xo1)
+                p2 += pos * (X2 - xo2)
+                n0 += neg * (X0 - xn0)
+                n1 += neg * (X1 - xn1)
+                n2 += neg * (X2 - xn2)
+        _store_moments3(mom, f, P, p0, p1, p2, Nn, n0, n1, n2)
+        so = slots[f, 0]
+        sn = slots[f, 1]
+        side[o, so, 0] = P
+        side[n, sn, 0] = -Nn
+        for t in range(2):
+            side[o, so, 1 + t] = basis[o, t, 0] * p0 + basis[o, t, 1] * p1 + basis[o, t, 2] * p2
+            side[n, sn, 1 + t] = -(basis[n, t, 0] * n0 + basis[n, t, 1] * n1 + basis[n, t, 2] * n2)
 
 
 @njit(parallel=True, cache=True)
