@@ -1,5 +1,6 @@
 """Quick modes of the issue #18 studies (validation/bruno_circle, noisy_phase_transition): each runs into a
-temporary folder and its criteria pass. Slow (30-60 s each): kept out of the default run."""
+temporary folder and its criteria pass. Slow (30-60 s; noisy_phase_transition ~3 min with its near-sigma_c
+part): kept out of the default run."""
 from __future__ import annotations
 
 import json
