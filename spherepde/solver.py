@@ -20,6 +20,7 @@ per unit step, ``rtol`` / ``atol``); rejected attempts are retried smaller.
 from __future__ import annotations
 
 import logging
+import sys
 import time as _time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -236,6 +237,25 @@ def _save_times(save_at, t0: float, t_end: float) -> np.ndarray:
 
 #: Per-step diagnostics (lists in ``Solver.diag``); the first five are recorded at every step start.
 _DIAG_KEYS = ("time", "mass", "min", "max", "sup_div", "dt", "error", "rejected", "field_error", "field_bound")
+_POOL = 6  # moment array pairs kept for reuse per grid (Solver._moment_arrays)
+
+
+def _refs(a) -> int:
+    return sys.getrefcount(a)
+
+
+def _free_refs() -> int:
+    """The reference count :func:`_refs` reports, inside ``for mom, side in pool``, for an array that only
+    the pool's tuple holds (measured, not assumed: interpreters differ in what they count; 0 where there
+    are no reference counts, which turns the pool off)."""
+    if not hasattr(sys, "getrefcount"):
+        return 0
+    for mom, side in [(np.empty(1), np.empty(1))]:
+        return _refs(mom)
+    return 0
+
+
+_FREE_REFS = _free_refs()
 _STEP_KEYS = ("dt", "error", "rejected", "field_error", "field_bound")
 
 
@@ -301,6 +321,7 @@ class Solver:
         self._div = np.empty(N)
         self._buffers = [np.empty(N), np.empty(N)]  # stage outputs; never alias self.f
         self._padding = None  # (cell, slot) index arrays of the padding slots of cell_faces
+        self._pool = []  # (face moments, cell-major moments) pairs of this grid, reused when nobody holds them
         self._offsets = None  # face point offsets of limiter="maximum"
         self._rates_of = []  # the last moment sets (face moments array, (rate, div)) whose rates were computed
         self._blocks = None  # (block index per cell, number of blocks) of the error norm
@@ -588,10 +609,19 @@ class Solver:
         return mom, side
 
     def _moment_arrays(self):
-        """Fresh face moments (F, 2 + 2d) and cell-major moments (N, K, 1 + d[+ quadratic]) to be filled,
-        the padding slots of the latter zeroed (the kernels leave them alone). Fresh, not reused: moments
-        are memoised by identity (:meth:`_rates`) and kept across steps."""
+        """Face moments (F, 2 + 2d) and cell-major moments (N, K, 1 + d[+ quadratic]) to be filled, the
+        padding slots of the latter zeroed (the kernels leave them alone).
+
+        No array is handed out while anything still holds it: moments are memoised by identity
+        (:meth:`_rates`, :meth:`_moments`) and kept across steps. A pair nobody else references (its
+        reference counts are the pool's own) is reused; otherwise a new pair is made and pooled (at most
+        ``_POOL`` pairs). Why: a fresh array of this size is mapped anew by the allocator and every page
+        faults on first write, which cost 45 % of a two-mode field's moment pass at nside 256
+        (``validation/bench_transport.py``)."""
         grid = self.grid
+        for mom, side in self._pool:
+            if _refs(mom) == _FREE_REFS and _refs(side) == _FREE_REFS:  # only the pool's tuple (and this loop)
+                return mom, side
         mom = np.empty((grid.n_faces, fv.moment_width(grid.dim)))
         L, Q = quadratic_width(grid.dim)
         # (q, Q in the cell's tangent frame[, quadratic moments])
@@ -599,6 +629,8 @@ class Solver:
         if self._padding is None:
             self._padding = np.nonzero(grid.cell_face_sign == 0)
         side[self._padding] = 0.0
+        if _FREE_REFS and len(self._pool) < _POOL:
+            self._pool.append((mom, side))
         return mom, side
 
     # ------------------------------------------------------------------ one step

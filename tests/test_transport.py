@@ -82,3 +82,49 @@ def test_separable_bad_input_is_named():
     bad = sp.Prescribed.separable([(lambda t: np.nan, lambda x: np.cross([0, 0, 1.0], x))])
     with pytest.raises(ValueError, match="NaN"):
         sp.solve(g, bad, lambda x: np.ones(len(x)), 1.0)
+
+
+def test_moment_pool_hands_out_only_arrays_nobody_holds(monkeypatch):
+    """The solver reuses moment arrays (page faults of fresh ones cost 45 % of a two-mode field's moment
+    pass at nside 256) only when no memo still holds them. Runs with a time-dependent two-mode field and
+    with attention (moments at every stage, extrapolated weights, rejected steps) give the bits of runs
+    without the pool; a pool that reused its arrays without asking (every count taken as free) is caught:
+    its answer differs."""
+    import spherepde.solver as solver_mod
+
+    g = sp.HealpixGrid(8)
+    calls = [0, 0]
+    two = sp.Prescribed.separable(_deform_modes(calls), max_speed=4.0)
+    f0 = lambda x: 1.0 + np.exp(4 * (x[:, 0] - 1))  # noqa: E731
+    att = sp.Attention(np.diag([-1.0, -1.0, 1.0]), np.diag([-1.0, 1.0, -2.0]), 10.0)
+
+    real_refs, real_arrays = solver_mod._refs, solver_mod.Solver._moment_arrays
+    handed = []
+
+    def counted(self):
+        pair = real_arrays(self)
+        handed.append(id(pair[0]))
+        return pair
+
+    monkeypatch.setattr(solver_mod.Solver, "_moment_arrays", counted)
+
+    def run(model, free, steps=25):
+        monkeypatch.setattr(solver_mod, "_FREE_REFS", free)
+        # the mutation (free > 100): any count passes
+        monkeypatch.setattr(solver_mod, "_refs", (lambda a: free) if free > 100 else real_refs)
+        handed.clear()
+        s = sp.Solver(g, model, f0, sp.Options(rtol=1e-4))
+        for _ in range(steps):
+            s.step()
+        return s.f.copy(), s.t, (len(s._pool), len(handed), len(set(handed)))
+
+    free = solver_mod._FREE_REFS
+    assert free > 0  # CPython: reference counts exist, so the pool is on
+    for model in (two, att):
+        pooled, t1, n_pool = run(model, free)
+        fresh, t2, n_fresh = run(model, 0)
+        # pool: at most _POOL arrays, many more hand-outs (every state and stage needs moments)
+        assert n_fresh[0] == 0 and 0 < n_pool[0] <= solver_mod._POOL and n_pool[1] > 3 * n_pool[0], n_pool
+        assert t1 == t2 and np.array_equal(pooled, fresh)
+        wrong, _, _ = run(model, 10**6)  # reuses the first pair whoever holds it
+        assert not np.array_equal(wrong, fresh)

@@ -168,7 +168,8 @@ def main(argv=None):
         f"Cost per step relative to the steady field (medians): separable with one mode "
         f"{tmed['time-dependent, Prescribed.separable (one mode: the scale carried into the step)'] / ref:.2f}x, with two modes "
         f"{tmed['time-dependent, Prescribed.separable (two modes: one pass over the faces)'] / ref:.2f}x (a rigid "
-        "rotation with a sin(t) factor added; the moments of the combined field at every stage), plain velocity(x, t) "
+        "rotation with a sin(t) factor added: the face moments of the combination, one pass over the faces, twice per "
+        "step, the last stage's moments being the next step's first), plain velocity(x, t) "
         f"{tmed['time-dependent, plain velocity(x, t)'] / ref:.1f}x (issue 22's target: within 3x).",
         "",
         "Memory-traffic bound of the linear stage kernel (`fv.stage_update`): per cell and stage the int16",

@@ -59,8 +59,9 @@ class Prescribed(Model):
         (steady, tangent). Many test fields are of this form (the deformational flows of Nair and
         Lauritzen 2010 are cos(pi t / T) times a steady field; a rotating frame adds cos and sin
         modes). Why: a time-dependent field given as ``velocity(x, t)`` is a NumPy call at every face
-        Gauss point at every stage (26-46 times the cost of a steady field, issue #22); with the modes
-        the solver evaluates each v_k once and each stage costs one pass over the faces
+        Gauss point twice per step (about 100 times the cost of a steady field at nside 256, issue #22);
+        with the modes the solver evaluates each v_k once and the field's moments at a time cost one
+        pass over the faces (one mode: 1.1 times a steady field, two: 2.6 times)
         (``validation/bench_transport.py`` measures both)."""
         modes = tuple(modes)
         if not modes:
