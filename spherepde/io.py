@@ -880,6 +880,9 @@ def _checkpoint_digest(state: dict, extra: dict) -> str:
     hist = state.get("history", [])
     parts.append(np.array([t for t, _ in hist], dtype=float))
     parts += [np.asarray(m) for _, m in hist]
+    for i, ms in enumerate(state.get("history_means") or []):  # older checkpoints have none (their digests hold)
+        if ms is not None:
+            parts += [f"means{i}", *[np.asarray(m) for m in ms]]
     ctl = state.get("controller", {})
     for k in sorted(ctl):
         parts += [k, ctl[k]]
@@ -900,7 +903,8 @@ def write_checkpoint(path, state: dict, extra: dict | None = None):
     ----------
     state : dict
         ``Solver.get_state()``: t, f, n_steps, l0, diag (dict of lists), history (list of (t, array)): the
-        field history of ``field_interval`` (face normal-velocity weights), controller (dict of scalars:
+        field history of ``field_interval`` (face normal-velocity weights), history_means (per entry, the
+        attention heads' means at the cell centres, which a regrid moves; None or absent: not kept), controller (dict of scalars:
         the step-size controller's proposal and the field-extrapolation estimate), grid (the cells of a
         grid that adapts, ``Grid.cells_state()``: {"uniq": NUNIQ}; {} for a fixed grid) and n_regrids.
     extra : dict of scalars
@@ -951,6 +955,10 @@ def _write_checkpoint_to(target, state, extra):
         hg.create_dataset("t", data=np.array([t for t, _ in hist], dtype=float))
         for i, (_, m) in enumerate(hist):
             hg.create_dataset(f"m{i}", data=np.asarray(m))
+        for i, ms in enumerate(state.get("history_means") or []):  # the heads' means of entry i
+            if ms is not None:
+                for j, m in enumerate(ms):
+                    hg.create_dataset(f"means{i}_{j}", data=np.asarray(m))
         cg = h.create_group("controller")  # the step-size controller's state (exact resume)
         for k, v in state.get("controller", {}).items():
             cg.attrs[k] = v
@@ -961,6 +969,15 @@ def _write_checkpoint_to(target, state, extra):
         for k, v in (extra or {}).items():
             h.attrs[f"extra_{k}"] = v
         h.attrs["sha256"] = _checkpoint_digest(state, extra or {})
+
+
+def _history_means(group, i: int):
+    """The heads' means of history entry i (``means{i}_{j}``), None when the checkpoint has none."""
+    ms, j = [], 0
+    while f"means{i}_{j}" in group:
+        ms.append(group[f"means{i}_{j}"][()])
+        j += 1
+    return ms or None
 
 
 def read_checkpoint(path):
@@ -975,6 +992,7 @@ def read_checkpoint(path):
             "f": h["f"][()],
             "diag": {k: h["diag"][k][()].tolist() for k in h["diag"]},
             "history": [(float(t), h["history"][f"m{i}"][()]) for i, t in enumerate(hist_t)],
+            "history_means": [_history_means(h["history"], i) for i in range(len(hist_t))],
             "controller": {k: v.item() if hasattr(v, "item") else v
                            for k, v in (h["controller"].attrs.items() if "controller" in h else ())},
             "grid": {k: h["grid"][k][()] for k in h["grid"]} if "grid" in h else {},

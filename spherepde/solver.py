@@ -342,10 +342,25 @@ class Solver:
         if out is None:
             return
         grid, f = out
+        old, history = self.grid, self._history
         self.f = f
         self._set_grid(grid)
-        self._field_curv = np.inf
         self.n_regrids += 1
+        self._move_history(old, history)
+
+    def _move_history(self, old, history):
+        """Carry the field history of ``field_interval`` (the heads' means at the cell centres) from the grid
+        ``old`` onto the new one (:meth:`Grid.move_field`) and remake its weights there, so that a regrid
+        does not cost three exact fields per step until three fields are known again. The error of the
+        move shows in the next recomputation's measured extrapolation error (:meth:`_push_field`), which
+        the step control acts on as on any other. A history without means (an older checkpoint's) is
+        dropped, and with it the curvature estimate."""
+        if not history or any(ms is None for _, _, ms in history):
+            self._field_curv = np.inf
+            return
+        for t, _, ms in history:
+            moved = [old.move_field(m, self.grid) for m in ms]
+            self._history.append((t, self._nonlocal_weights_now(self.f, t=t, means=moved), moved))
 
     # ------------------------------------------------------------------ the model in force
     def _activate(self, t: float, reset: bool = True):
@@ -395,27 +410,38 @@ class Solver:
             a = am if a is None else a + am
         return a
 
-    def _nonlocal_weights_now(self, f: np.ndarray, fused: bool = True, t: float | None = None) -> np.ndarray:
+    def _nonlocal_weights_now(self, f: np.ndarray, fused: bool = True, t: float | None = None,
+                              means: list | None = None) -> np.ndarray:
         """Normal-velocity weights a (F, G) of the model in force for the density f: its local terms plus
-        sum_h w_h a_h over its attention heads (:func:`spherepde.models.terms.decompose`)."""
+        sum_h w_h a_h over its attention heads (:func:`spherepde.models.terms.decompose`). ``means``: the
+        heads' means at the cell centres (:meth:`_head_means`), when they are known already."""
         t = self.t if t is None else t
+        if means is None:
+            means = self._head_means(f)
         a = self._local_weights(t, f)
-        for w, head in self._heads:
-            ah = self._head_weights(head, f, fused)
+        for (w, head), m in zip(self._heads, means):
+            ah = self._weights_of_mean(head, m, fused)
             a = w * ah if a is None else a + w * ah
         return a
 
-    def _head_weights(self, model, f: np.ndarray, fused: bool = True) -> np.ndarray:
-        """Normal-velocity weights a (F, G) of one nonlocal (attention-type) term for the density f.
+    def _head_means(self, f: np.ndarray) -> list:
+        """The attention mean of every head in force at the cell centres, [(N, d), ...]."""
+        return [self._grid_mean_field(f, head) for _, head in self._heads]
 
-        The mean m is evaluated at the cell centres and interpolated to the Gauss points with
-        least-squares gradients (second order). For fields of the attention form v = P_x(V m) the
-        weights come from one fused kernel (a = m . V^T W); other models go through
-        ``velocity_from_mean``.
+    def _head_weights(self, model, f: np.ndarray, fused: bool = True) -> np.ndarray:
+        """Normal-velocity weights a (F, G) of one nonlocal (attention-type) term for the density f."""
+        return self._weights_of_mean(model, self._grid_mean_field(f, model), fused)
+
+    def _weights_of_mean(self, model, m: np.ndarray, fused: bool = True) -> np.ndarray:
+        """Normal-velocity weights a (F, G) of one nonlocal (attention-type) term from its mean m at the
+        cell centres (linear in m).
+
+        m is interpolated to the Gauss points with least-squares gradients (second order). For fields of
+        the attention form v = P_x(V m) the weights come from one fused kernel (a = m . V^T W); other
+        models go through ``velocity_from_mean``.
         """
         grid = self.grid
         F, G, d = grid.face_points.shape
-        m = self._grid_mean_field(f, model)
         if self._high_order_field:  # the quadratic scheme: the field third order too
             coef = grid.center_quadratic_coef
             mq = np.ascontiguousarray(np.einsum("nsr,nsc->ncr", coef, m[grid.stencil] - m[:, None, :]))
@@ -464,13 +490,14 @@ class Solver:
             return self._nonlocal_weights_now(f, t=t), None, 0.0
         at_start = t == self.t and f is self.f
         if at_start and (not self._history or self._history[-1][0] != t) and self._field_due(t):
-            self._push_field(t, self._nonlocal_weights_now(f, t=t), f)
+            means = self._head_means(f)
+            self._push_field(t, self._nonlocal_weights_now(f, t=t, means=means), f, means)
         elif not at_start and self.options.error_control and not np.isfinite(self._field_curv):
             return self._nonlocal_weights_now(f, t=t), None, 0.0  # no error estimate yet: the exact field
-        tn, an = self._history[-1]
+        tn, an, _ = self._history[-1]
         if len(self._history) == 1 or t == tn:
             return an, None, 0.0
-        tp, ap = self._history[0]
+        tp, ap, _ = self._history[0]
         return an, ap, (t - tn) / (tn - tp)
 
     def _field_due(self, t: float) -> bool:
@@ -494,10 +521,10 @@ class Solver:
         if self.options.field_interval is None or not self.options.error_control \
                 or not np.isfinite(self._field_curv):
             return 0.0  # no extrapolation (exact field at every stage until three fields are known)
-        (tp, _), (tn, _) = self._history  # a finite curvature implies two stored fields
+        (tp, _, _), (tn, _, _) = self._history  # a finite curvature implies two stored fields
         return float(self._field_curv * abs((s - tn) * (s - tp)))
 
-    def _push_field(self, t: float, a: np.ndarray, f: np.ndarray):
+    def _push_field(self, t: float, a: np.ndarray, f: np.ndarray, means: list | None = None):
         """Add a recomputed field; measure how far the extrapolation from the last two was off.
 
         The measure is relative and weighted by the density the faces carry, sum_f w_f sum_g |da_fg| /
@@ -506,14 +533,14 @@ class Solver:
         self._field_step = self.n_steps
         self._field_err = 0.0
         if len(self._history) == 2 and self.options.error_control:
-            (tp, ap), (tn, an) = self._history
+            (tp, ap, _), (tn, an, _) = self._history
             g = self.grid
             w = f[g.owner] + f[g.neighbour]
             scale = float(np.sum(w * np.abs(a).sum(axis=1)))  # not BLAS (see _error_ratio)
             d2 = ((a - an) / (t - tn) - (an - ap) / (tn - tp)) / (t - tp)  # second divided difference
             self._field_curv = float(np.sum(w * np.abs(d2).sum(axis=1))) / scale if scale > 0 else 0.0
             self._field_err = self._field_curv * (t - tn) * (t - tp)  # = |a - extrapolation(t)| / |a|
-        self._history = (self._history + [(t, a)])[-2:]
+        self._history = (self._history + [(t, a, means)])[-2:]
 
     def _grid_mean_field(self, f: np.ndarray, model=None) -> np.ndarray:
         """The attention mean at the cell centres for the grid density f (midpoint rule over cells).
@@ -950,7 +977,9 @@ class Solver:
             "grid": getattr(self.grid, "cells_state", dict)(),  # {} for a fixed grid; adaptive: its cells (NUNIQ)
             "l0": self.l0,
             "diag": {k: list(v) for k, v in self.diag.items()},
-            "history": [(t, m.copy()) for t, m in self._history],
+            "history": [(t, a.copy()) for t, a, _ in self._history],
+            # the heads' means of each history entry (moved across regrids); absent in older checkpoints
+            "history_means": [[m.copy() for m in ms] if ms is not None else None for _, _, ms in self._history],
             "controller": {"dt_next": self._dt_next, "field_curv": self._field_curv,
                            "field_step": self._field_step, "field_err": self._field_err,
                            **{"model." + k: v for k, v in self._model_before.items()}},
@@ -973,7 +1002,10 @@ class Solver:
         self.n_steps = int(state["n_steps"])
         self.l0 = float(state["l0"])
         self.diag = {k: list(v) for k, v in state["diag"].items()}
-        self._history = [(float(t), np.array(m)) for t, m in state.get("history", [])]
+        hist = state.get("history", [])
+        means = state.get("history_means") or [None] * len(hist)
+        self._history = [(float(t), np.array(a), None if ms is None else [np.array(m) for m in ms])
+                         for (t, a), ms in zip(hist, means)]
         for k in _DIAG_KEYS:  # a key the checkpoint's version did not record: NaN for its steps (unknown)
             self.diag.setdefault(k, [float("nan")] * len(self.diag.get("dt", [])) if k in _STEP_KEYS else [])
         self._step_bound = 0.0  # the evaluations of this state (below) count for the next step, as in the run

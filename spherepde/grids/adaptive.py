@@ -525,6 +525,19 @@ class AdaptiveHealpixGrid(Grid):
             return None
         return new, transfer(f, self, new)
 
+    def move_field(self, values, target: "AdaptiveHealpixGrid") -> np.ndarray:
+        """Cell-centre values (N, ...) of a smooth field on ``target`` (another tiling of the forest), each
+        component as :func:`transfer` moves a density: cells kept keep their values, refined cells take
+        the limited linear reconstruction of their parent, coarsened ones the area-weighted mean of their
+        children: second order for a smooth field whose values stand at the cell mean positions ``xbar``, as
+        the solver's interpolation of the attention mean to the faces takes them."""
+        values = np.asarray(values, float)
+        if target is self:
+            return values
+        flat = values.reshape(self.n_cells, -1)
+        out = np.stack([transfer(flat[:, j], self, target) for j in range(flat.shape[1])], axis=1)
+        return out.reshape((target.n_cells,) + values.shape[1:])
+
     def cells_state(self) -> dict:
         return {"uniq": self.uniq.copy()}
 

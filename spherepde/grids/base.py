@@ -90,6 +90,13 @@ class Grid:
         The solver calls it every :attr:`regrid_interval` steps and remakes its grid arrays in one place."""
         return None
 
+    def move_field(self, values, target: "Grid") -> np.ndarray:
+        """Cell-centre values (N, ...) of a smooth field (the attention mean) on ``target``, a grid that
+        :meth:`regrid` made from this one: ``values`` itself when the cells are the same (a fixed grid)."""
+        if target is self:
+            return values
+        raise ValueError(f"{type(self).__name__} does not regrid: target must be the grid itself")
+
     def cells_state(self) -> dict:
         """What a checkpoint needs to rebuild this grid's cells ({} for a fixed grid; see :meth:`with_cells`)."""
         return {}
