@@ -358,8 +358,13 @@ class Solver:
         if not history or any(ms is None for _, _, ms in history):
             self._field_curv = np.inf
             return
-        for t, _, ms in history:
-            moved = [old.move_field(m, self.grid) for m in ms]
+        d = self.grid.dim
+        every = [m for _, _, ms in history for m in ms]
+        allm = old.move_field(np.concatenate(every, axis=1), self.grid) if every else None
+        k = 0
+        for t, _, ms in history:  # one move for every entry's every head (the cell matching done once)
+            moved = [np.ascontiguousarray(allm[:, (k + j) * d:(k + j + 1) * d]) for j in range(len(ms))]
+            k += len(ms)
             self._history.append((t, self._nonlocal_weights_now(self.f, t=t, means=moved), moved))
 
     # ------------------------------------------------------------------ the model in force

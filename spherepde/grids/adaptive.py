@@ -534,8 +534,7 @@ class AdaptiveHealpixGrid(Grid):
         values = np.asarray(values, float)
         if target is self:
             return values
-        flat = values.reshape(self.n_cells, -1)
-        out = np.stack([transfer(flat[:, j], self, target) for j in range(flat.shape[1])], axis=1)
+        out = transfer(values.reshape(self.n_cells, -1), self, target)
         return out.reshape((target.n_cells,) + values.shape[1:])
 
     def cells_state(self) -> dict:
@@ -655,10 +654,12 @@ def transfer(f, source: AdaptiveHealpixGrid, target: AdaptiveHealpixGrid) -> np.
     factor keeping every such child >= 0 (and within [min, max] of the source cell's stencil), and xbar_c'
     the area-weighted mean of the children's xbar (so the children's mass is the parent's to round-off).
     A target cell holding several source cells (coarsening) gets their area-weighted mean.
+    ``f`` of shape (N, k) moves k columns at once (each as above; the cell matching is done once).
     """
     f = np.asarray(f, float)
-    if f.shape != (source.n_cells,):
-        raise ValueError(f"f must have shape ({source.n_cells},), got {f.shape}")
+    if f.shape[:1] != (source.n_cells,) or f.ndim > 2:
+        raise ValueError(f"f must have shape ({source.n_cells},) or ({source.n_cells}, k), got {f.shape}")
+    cols = f.reshape(source.n_cells, -1)
     kref = max(source.order_max, target.order_max)
     def ranges(g):
         sh = 2 * (kref - g.order)
@@ -670,47 +671,52 @@ def transfer(f, source: AdaptiveHealpixGrid, target: AdaptiveHealpixGrid) -> np.
     st = np.argsort(t0)
     # (any two tilings of the forest are comparable through their NESTED ranges at the finer maximum order)
     src_of_t = ss[np.searchsorted(s0[ss], t0, side="right") - 1]  # source cell with s0 <= t0
-    out = np.empty(target.n_cells)
+    out = np.empty((target.n_cells, cols.shape[1]))
     inside = t1 <= s1[src_of_t]  # target cell within (or equal to) a source cell
     # coarsening: target cells holding several source cells
     tgt_of_s = st[np.searchsorted(t0[st], s0, side="right") - 1]
     holds = ~inside
     if holds.any():
         contained = holds[tgt_of_s]  # the source cells inside a coarser target cell
-        num = np.bincount(tgt_of_s[contained], f[contained] * source.areas[contained], minlength=target.n_cells)
-        out[holds] = num[holds] / target.areas[holds]
+        for j in range(cols.shape[1]):
+            num = np.bincount(tgt_of_s[contained], cols[contained, j] * source.areas[contained],
+                              minlength=target.n_cells)
+            out[holds, j] = num[holds] / target.areas[holds]
     if inside.any():
         parent = src_of_t[inside]
         kids = np.nonzero(inside)[0]
         same = source.uniq[parent] == target.uniq[kids]
-        out[kids[same]] = f[parent[same]]
+        out[kids[same]] = cols[parent[same]]
         kids, parent = kids[~same], parent[~same]
         if kids.size:
             # the gradient (and the stencil bounds below) of the refined source cells only: the same per-row
             # arithmetic as Grid.stencil_coef, without building it for the whole source grid at every regrid
             up = np.unique(parent)
             coef = np.einsum("nst,ntd->nsd", source.stencil_coef_local[up], source.tangent_basis[up])
-            grad = np.zeros((source.n_cells, 3))
-            grad[up] = np.einsum("nsd,ns->nd", coef, f[source.stencil[up]] - f[up, None])
             a = target.areas[kids]
             xc = np.zeros((source.n_cells, 3))
             for j in range(3):
                 xc[:, j] = np.bincount(parent, a * target.xbar[kids, j], minlength=source.n_cells)
             area_p = np.bincount(parent, a, minlength=source.n_cells)
             xc[area_p > 0] /= area_p[area_p > 0, None]
-            dv = np.einsum("nd,nd->n", grad[parent], target.xbar[kids] - xc[parent])
-            # theta: children within [lo, hi] of the parent's stencil and >= 0
-            nbv = f[source.stencil[up]]
-            lo = np.zeros(source.n_cells)
-            hi = np.zeros(source.n_cells)
-            lo[up] = np.minimum(nbv.min(axis=1), f[up])  # >= 0 where f is
-            hi[up] = np.maximum(nbv.max(axis=1), f[up])
-            fp = f[parent]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                r = np.where(dv > 0, (hi[parent] - fp) / dv, np.where(dv < 0, (lo[parent] - fp) / dv, np.inf))
-            theta = np.ones(source.n_cells)
-            # a relative margin, as the flux limiter's (kernels.fv.OUTFLOW_MARGIN): a child on its bound
-            # stays on the right side of it after rounding
-            np.minimum.at(theta, parent, np.clip(r * (1.0 - OUTFLOW_MARGIN), 0.0, 1.0))
-            out[kids] = fp + theta[parent] * dv
-    return out
+            off = target.xbar[kids] - xc[parent]
+            for j in range(cols.shape[1]):
+                c = cols[:, j]
+                grad = np.zeros((source.n_cells, 3))
+                grad[up] = np.einsum("nsd,ns->nd", coef, c[source.stencil[up]] - c[up, None])
+                dv = np.einsum("nd,nd->n", grad[parent], off)
+                # theta: children within [lo, hi] of the parent's stencil and >= 0
+                nbv = c[source.stencil[up]]
+                lo = np.zeros(source.n_cells)
+                hi = np.zeros(source.n_cells)
+                lo[up] = np.minimum(nbv.min(axis=1), c[up])  # >= 0 where f is
+                hi[up] = np.maximum(nbv.max(axis=1), c[up])
+                fp = c[parent]
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    r = np.where(dv > 0, (hi[parent] - fp) / dv, np.where(dv < 0, (lo[parent] - fp) / dv, np.inf))
+                theta = np.ones(source.n_cells)
+                # a relative margin, as the flux limiter's (kernels.fv.OUTFLOW_MARGIN): a child on its bound
+                # stays on the right side of it after rounding
+                np.minimum.at(theta, parent, np.clip(r * (1.0 - OUTFLOW_MARGIN), 0.0, 1.0))
+                out[kids, j] = fp + theta[parent] * dv
+    return out.reshape((target.n_cells,) + f.shape[1:])
