@@ -89,7 +89,23 @@ def regrid_cost(nside: int, steps: int, repeat: int):
         (float(min(per_regrid[1:])), float(max(per_regrid[1:])))
 
 
-def paper_scale(limit_s: float, attention: float):
+def _timed_method(obj, name: str, acc: dict):
+    """Wrap obj.name to add its calls and seconds to acc[name] = [calls, seconds]."""
+    inner = getattr(obj, name)
+    acc[name] = [0, 0.0]
+
+    def wrapped(*a, **k):
+        t = time.perf_counter()
+        try:
+            return inner(*a, **k)
+        finally:
+            acc[name][0] += 1
+            acc[name][1] += time.perf_counter() - t
+
+    setattr(obj, name, wrapped)
+
+
+def paper_scale(limit_s: float, attention: float, field_interval: int | None = 4):
     """The issue's paper-scale run: beta 100, paper matrices, the perturbed f0 (eps 0.05), T = 20, nside_min
     32, nside_max 1024, Refinement(attention=...), stopped after ``limit_s`` seconds of wall time. Returns
     the wall time, the time reached, peak memory (max RSS, bytes) and the cell count against t."""
@@ -101,7 +117,11 @@ def paper_scale(limit_s: float, attention: float):
     p = MATRIX_PRESETS["paper"]
     grid = AdaptiveHealpixGrid(32, 1024, refinement=Refinement(attention=attention), max_cells=3_000_000)
     t0 = time.perf_counter()
-    s = Solver(grid, Attention(p["B"], p["V"], 100.0), lambda x: perturbed_uniform(x, 0.05), Options())
+    s = Solver(grid, Attention(p["B"], p["V"], 100.0), lambda x: perturbed_uniform(x, 0.05),
+               Options(field_interval=field_interval))
+    acc = {}
+    for name in ("_head_means", "_maybe_regrid", "_try_step"):  # field evaluations, regrids, the stages
+        _timed_method(s, name, acc)
     track = [(0.0, s.grid.n_cells, time.perf_counter() - t0)]
     while s.t < 20.0 and time.perf_counter() - t0 < limit_s:
         s.step(dt_max=20.0 - s.t)
@@ -110,7 +130,8 @@ def paper_scale(limit_s: float, attention: float):
     track.append((s.t, s.grid.n_cells, time.perf_counter() - t0))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"wall_s": time.perf_counter() - t0, "t": s.t, "steps": s.n_steps, "peak_rss": rss,
-            "track": track, "attention": attention, "max_cells": max(c for _, c, _ in track)}
+            "track": track, "attention": attention, "max_cells": max(c for _, c, _ in track),
+            "field_interval": field_interval, "parts": acc}
 
 
 def main(argv=None):
@@ -122,12 +143,15 @@ def main(argv=None):
                     help="only the paper-scale run (beta 100, T = 20, nside 32..1024), stopped after --limit s; "
                          "writes bench_adaptive_paper.md and .png")
     ap.add_argument("--limit", type=float, default=900.0, help="wall-time limit of --paper (s; the target is 900)")
+    ap.add_argument("--field-interval", type=int, default=4,
+                    help="Options.field_interval of --paper (default 4: the field extrapolated in time under "
+                         "error control, its history moved across regrids; 0: exact at every stage)")
     ap.add_argument("--attention", type=float, default=1e9,
                     help="Refinement.attention of --paper (default 1e9: refine on the variation of f only; the "
                          "default 0.5 starts on 786432 cells)")
     a = ap.parse_args(argv)
     if a.paper:
-        return write_paper(paper_scale(a.limit, a.attention), a.limit)
+        return write_paper(paper_scale(a.limit, a.attention, a.field_interval or None), a.limit)
     load = os.getloadavg()
     uni = HealpixGrid(a.nside)
     # a static grid of about the same count, three orders: nside/2 everywhere and a polar cap refined to
@@ -165,12 +189,18 @@ def write_paper(r: dict, limit: float):
     done = r["t"] >= 20.0 - 1e-9
     lines = ["# Paper-scale adaptive run (validation/bench_adaptive.py --paper)", "",
              "beta 100, paper matrices, perturbed f0 (eps 0.05), T = 20, AdaptiveHealpixGrid(32, 1024), "
-             f"Refinement(attention={r['attention']:g}); machine {platform.processor() or platform.machine()}, "
+             f"Refinement(attention={r['attention']:g}), Options(field_interval={r['field_interval']}); machine {platform.processor() or platform.machine()}, "
              f"{numba.get_num_threads()} Numba thread(s), load average before the run {os.getloadavg()[0]:.1f}.", "",
              f"- wall time: {r['wall_s']:.0f} s (target <= 900 s){'' if done else f', stopped at the limit of {limit:g} s'}",
              f"- reached t = {r['t']:.3g} of 20 in {r['steps']} steps" + ("" if done else ": **not finished**"),
              f"- peak memory (max RSS): {r['peak_rss'] / 2**30:.2f} GiB (target <= 2 GB)",
-             f"- cells: {r['track'][0][1]} at t = 0, at most {r['max_cells']}", ""]
+             f"- cells: {r['track'][0][1]} at t = 0, at most {r['max_cells']}",
+             "- where the time went: " + ", ".join(
+                 f"{label} {r['parts'][k][1]:.0f} s ({r['parts'][k][0]} calls)" for label, k in (
+                     ("attention evaluations", "_head_means"), ("regrids (with the field history's move)",
+                                                                 "_maybe_regrid"),
+                     ("step attempts (stages, extrapolated moments)", "_try_step"))),
+             f"- attention evaluations per step: {r['parts']['_head_means'][0] / max(r['steps'], 1):.2f}", ""]
     (HERE / "bench_adaptive_paper.md").write_text("\n".join(lines))
     t, c, _ = np.array(r["track"]).T
     fig, ax = plt.subplots(figsize=(6, 3.5))
