@@ -101,6 +101,32 @@ def _store_moments3(mom, f, P, p0, p1, p2, Nn, n0, n1, n2):
 
 
 @njit(inline="always")
+def _point_moments3(ag, pts, f, gg, xo0, xo1, xo2, xn0, xn1, xn2, P, Nn, p0, p1, p2, n0, n1, n2):
+    """Add Gauss point gg of face f with weight ag to the S^2 accumulators (branch-free: max(ag, 0) to the
+    owner's, min(ag, 0) to the neighbour's); returns them."""
+    pos = max(ag, 0.0)
+    neg = min(ag, 0.0)
+    X0 = pts[f, gg, 0]
+    X1 = pts[f, gg, 1]
+    X2 = pts[f, gg, 2]
+    return (P + pos, Nn + neg, p0 + pos * (X0 - xo0), p1 + pos * (X1 - xo1), p2 + pos * (X2 - xo2),
+            n0 + neg * (X0 - xn0), n1 + neg * (X1 - xn1), n2 + neg * (X2 - xn2))
+
+
+@njit(inline="always")
+def _store_face3(mom, side, slots, basis, o, n, f, P, p0, p1, p2, Nn, n0, n1, n2):
+    """Row f of the face moments on S^2 and its two slots of the cell-major copy (tangent frames)."""
+    _store_moments3(mom, f, P, p0, p1, p2, Nn, n0, n1, n2)
+    so = slots[f, 0]
+    sn = slots[f, 1]
+    side[o, so, 0] = P
+    side[n, sn, 0] = -Nn
+    for t in range(2):
+        side[o, so, 1 + t] = basis[o, t, 0] * p0 + basis[o, t, 1] * p1 + basis[o, t, 2] * p2
+        side[n, sn, 1 + t] = -(basis[n, t, 0] * n0 + basis[n, t, 1] * n1 + basis[n, t, 2] * n2)
+
+
+@njit(inline="always")
 def _add_point_moments(a, a_prev, c, pts, xbar, o, n, f, gg, d, mom):
     """Add Gauss point gg of face f to its row of ``mom`` (the general-d loops); returns the point's
     (max(a, 0), min(a, 0)) of the extrapolated weight a + c (a - a_prev)."""
@@ -136,44 +162,15 @@ def face_side_moments(a, a_prev, c, pts, xbar, basis, owner, neigh, slots, mom, 
         for f in prange(F):
             o = owner[f]
             n = neigh[f]
-            xo0 = xbar[o, 0]
-            xo1 = xbar[o, 1]
-            xo2 = xbar[o, 2]
-            xn0 = xbar[n, 0]
-            xn1 = xbar[n, 1]
-            xn2 = xbar[n, 2]
-            P = 0.0
-            Nn = 0.0
-            p0 = 0.0
-            p1 = 0.0
-            p2 = 0.0
-            n0 = 0.0
-            n1 = 0.0
-            n2 = 0.0
+            xo0, xo1, xo2 = xbar[o, 0], xbar[o, 1], xbar[o, 2]
+            xn0, xn1, xn2 = xbar[n, 0], xbar[n, 1], xbar[n, 2]
+            P = Nn = p0 = p1 = p2 = n0 = n1 = n2 = 0.0
             for gg in range(G):
                 ag = a[f, gg]
                 ag = ag + c * (ag - a_prev[f, gg])
-                pos = max(ag, 0.0)
-                neg = min(ag, 0.0)
-                X0 = pts[f, gg, 0]
-                X1 = pts[f, gg, 1]
-                X2 = pts[f, gg, 2]
-                P += pos
-                Nn += neg
-                p0 += pos * (X0 - xo0)
-                p1 += pos * (X1 - xo1)
-                p2 += pos * (X2 - xo2)
-                n0 += neg * (X0 - xn0)
-                n1 += neg * (X1 - xn1)
-                n2 += neg * (X2 - xn2)
-            _store_moments3(mom, f, P, p0, p1, p2, Nn, n0, n1, n2)
-            so = slots[f, 0]
-            sn = slots[f, 1]
-            side[o, so, 0] = P
-            side[n, sn, 0] = -Nn
-            for t in range(2):
-                side[o, so, 1 + t] = basis[o, t, 0] * p0 + basis[o, t, 1] * p1 + basis[o, t, 2] * p2
-                side[n, sn, 1 + t] = -(basis[n, t, 0] * n0 + basis[n, t, 1] * n1 + basis[n, t, 2] * n2)
+                P, Nn, p0, p1, p2, n0, n1, n2 = _point_moments3(ag, pts, f, gg, xo0, xo1, xo2, xn0, xn1, xn2,
+                                                                P, Nn, p0, p1, p2, n0, n1, n2)
+            _store_face3(mom, side, slots, basis, o, n, f, P, p0, p1, p2, Nn, n0, n1, n2)
         return
     for f in prange(F):
         o = owner[f]
@@ -766,6 +763,23 @@ def mode_face_tables(A, pts, xbar, owner, neigh, scale):
     return W
 
 
+@njit(inline="always")
+def _mode_sums3(W, c, f, col):
+    """sum_k c[k] (W[f, k, 0], W[f, k, col:col + 3]): a whole face's flux and first moment (col 1: about the
+    owner's xbar, col 4: about the neighbour's) for the mode coefficients c."""
+    S = 0.0
+    m0 = 0.0
+    m1 = 0.0
+    m2 = 0.0
+    for k in range(c.shape[0]):
+        ck = c[k]
+        S += ck * W[f, k, 0]
+        m0 += ck * W[f, k, col]
+        m1 += ck * W[f, k, col + 1]
+        m2 += ck * W[f, k, col + 2]
+    return S, m0, m1, m2
+
+
 @njit(parallel=True, cache=True)
 def face_side_moments_modes(A, W, c, pts, xbar, basis, owner, neigh, slots, mom, side):
     """:func:`face_side_moments` (S^2) for the weights a = sum_k c[k] A[k] of a separable field's modes
@@ -790,60 +804,21 @@ def face_side_moments_modes(A, W, c, pts, xbar, basis, owner, neigh, slots, mom,
         spread = abs(slope) + res
         lo = mid - spread
         hi = mid + spread
-        P = 0.0
-        Nn = 0.0
-        p0 = 0.0
-        p1 = 0.0
-        p2 = 0.0
-        n0 = 0.0
-        n1 = 0.0
-        n2 = 0.0
+        P = Nn = p0 = p1 = p2 = n0 = n1 = n2 = 0.0
         if lo >= 0.0:  # outflow along the whole face
-            for k in range(K):
-                ck = c[k]
-                P += ck * W[f, k, 0]
-                p0 += ck * W[f, k, 1]
-                p1 += ck * W[f, k, 2]
-                p2 += ck * W[f, k, 3]
+            P, p0, p1, p2 = _mode_sums3(W, c, f, 1)
         elif hi <= 0.0:  # inflow along the whole face
-            for k in range(K):
-                ck = c[k]
-                Nn += ck * W[f, k, 0]
-                n0 += ck * W[f, k, 4]
-                n1 += ck * W[f, k, 5]
-                n2 += ck * W[f, k, 6]
+            Nn, n0, n1, n2 = _mode_sums3(W, c, f, 4)
         else:  # the sign may change along the face: point by point
-            xo0 = xbar[o, 0]
-            xo1 = xbar[o, 1]
-            xo2 = xbar[o, 2]
-            xn0 = xbar[n, 0]
-            xn1 = xbar[n, 1]
-            xn2 = xbar[n, 2]
+            xo0, xo1, xo2 = xbar[o, 0], xbar[o, 1], xbar[o, 2]
+            xn0, xn1, xn2 = xbar[n, 0], xbar[n, 1], xbar[n, 2]
             for gg in range(G):
                 ag = 0.0
                 for k in range(K):
                     ag += c[k] * A[k, f, gg]
-                pos = max(ag, 0.0)
-                neg = min(ag, 0.0)
-                X0 = pts[f, gg, 0]
-                X1 = pts[f, gg, 1]
-                X2 = pts[f, gg, 2]
-                P += pos
-                Nn += neg
-                p0 += pos * (X0 - xo0)
-                p1 += pos * (X1 - xo1)
-                p2 += pos * (X2 - xo2)
-                n0 += neg * (X0 - xn0)
-                n1 += neg * (X1 - xn1)
-                n2 += neg * (X2 - xn2)
-        _store_moments3(mom, f, P, p0, p1, p2, Nn, n0, n1, n2)
-        so = slots[f, 0]
-        sn = slots[f, 1]
-        side[o, so, 0] = P
-        side[n, sn, 0] = -Nn
-        for t in range(2):
-            side[o, so, 1 + t] = basis[o, t, 0] * p0 + basis[o, t, 1] * p1 + basis[o, t, 2] * p2
-            side[n, sn, 1 + t] = -(basis[n, t, 0] * n0 + basis[n, t, 1] * n1 + basis[n, t, 2] * n2)
+                P, Nn, p0, p1, p2, n0, n1, n2 = _point_moments3(ag, pts, f, gg, xo0, xo1, xo2, xn0, xn1, xn2,
+                                                                P, Nn, p0, p1, p2, n0, n1, n2)
+        _store_face3(mom, side, slots, basis, o, n, f, P, p0, p1, p2, Nn, n0, n1, n2)
 
 
 @njit(parallel=True, cache=True)
