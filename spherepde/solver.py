@@ -338,7 +338,7 @@ class Solver:
         every = int(getattr(self.grid, "regrid_interval", 0) or 0)
         if every <= 0 or self.n_steps % every:
             return
-        out = self.grid.regrid(self.f, attention_scale(self._active))
+        out = self.grid.regrid(self.f, attention_scale(self._active), quadratic=self.options.scheme == "quadratic")
         if out is None:
             return
         grid, f = out

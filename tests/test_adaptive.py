@@ -432,3 +432,47 @@ def test_move_field_is_second_order():
     assert u.move_field(np.ones(u.n_cells), u) is not None
     with pytest.raises(ValueError, match="target"):
         u.move_field(np.ones(u.n_cells), sp.HealpixGrid(8))
+
+
+def test_quadratic_transfer_is_third_order_conservative_and_positive(monkeypatch):
+    """transfer(..., quadratic=True), the scheme='quadratic' regrid: refined cells from the parent's quadratic
+    reconstruction averaged exactly over them. On a smooth f (nside n -> refined cap, n = 8, 16, 32) the L1
+    error of the refined cells falls at order 2.92 / 3.07 (measured; the linear transfer: 2.23 / 2.15), so
+    >= 2.7, the suite's bar for the third-order option, and the linear one stays below 2.5; mass to
+    round-off; a narrow bump refined stays >= 0 (the limiter). The solver passes the scheme to the regrid."""
+    fun = lambda x: 1.0 + np.exp(3 * (x @ np.array([0.6, 0.0, 0.8]) - 1)) + 0.3 * x[:, 0] * x[:, 1]  # noqa: E731
+    errs = {False: [], True: []}
+    for ns in (8, 16, 32):
+        g = AdaptiveHealpixGrid(ns, 4 * ns, refinement=False)
+        f = g.cell_average(fun)
+        h = g.adapt(refine=cap([0.2, 0.1, 1.0], 0.3)(g))
+        kids = ~np.isin(h.uniq, g.uniq)
+        exact = h.cell_average(fun)
+        for quad in (False, True):
+            out = transfer(f, g, h, quad)
+            assert abs((out * h.areas).sum() - (f * g.areas).sum()) < 1e-14 * (f * g.areas).sum()
+            assert np.array_equal(out[~kids], f[np.searchsorted(g.uniq, h.uniq[~kids])])
+            errs[quad].append((np.abs(out - exact)[kids] * h.areas[kids]).sum() / h.areas[kids].sum())
+    lin = np.log2(np.array(errs[False][:-1]) / errs[False][1:])
+    quad = np.log2(np.array(errs[True][:-1]) / errs[True][1:])
+    assert min(quad) >= 2.7 and max(lin) < 2.5, (lin, quad)
+    g = AdaptiveHealpixGrid(8, 64, refinement=False)
+    f = g.cell_average(lambda x: np.exp(200 * (x @ np.array([0.0, 0.6, 0.8]) - 1)))
+    h = g.adapt(refine=f > 1e-3 * f.max())
+    out = transfer(f, g, h, True)
+    assert out.min() >= 0.0 and abs((out * h.areas).sum() - (f * g.areas).sum()) < 1e-14 * (f * g.areas).sum()
+    import spherepde.grids.adaptive as ad
+
+    seen, inner = [], ad.transfer
+
+    def spy(f, source, target, quadratic=False):
+        seen.append(quadratic)
+        return inner(f, source, target, quadratic)
+
+    monkeypatch.setattr(ad, "transfer", spy)
+    for scheme in ("quadratic", "linear"):
+        s = sp.Solver(AdaptiveHealpixGrid(4, 16), sp.Prescribed.rigid_rotation([1.0, 0.0, 0.0]),
+                      lambda x: np.exp(30 * (x @ np.array([0.0, 0.6, 0.8]) - 1)), sp.Options(scheme=scheme))
+        seen.clear()
+        s.advance(0.3)
+        assert s.n_regrids > 0 and seen and set(seen) == {scheme == "quadratic"}

@@ -47,7 +47,7 @@ import numpy as np
 from .._checks import finite_float, positive_int
 from ..kernels.fv import OUTFLOW_MARGIN
 from ._healpix_map import FACE_AREA, face_map
-from .base import Grid, incidence, least_squares_stencil, tangent_frames
+from .base import Grid, incidence, least_squares_stencil, quadratic_pairs, quadratic_width, tangent_frames
 from .healpix import _EDGES, HealpixGrid, _set_faces, _square_rule, edge_quadrature
 
 __all__ = ["AdaptiveHealpixGrid", "Refinement", "nest_to_uniq", "uniq_to_nest", "transfer"]
@@ -513,8 +513,9 @@ class AdaptiveHealpixGrid(Grid):
             grid = grid.adapt(refine=ref)
         return grid
 
-    def regrid(self, f, attention_scale: float = 0.0):
-        """``(new grid, f transferred)`` by the :attr:`refinement` criteria, None when the cells stay."""
+    def regrid(self, f, attention_scale: float = 0.0, quadratic: bool = False):
+        """``(new grid, f transferred)`` by the :attr:`refinement` criteria, None when the cells stay;
+        ``quadratic``: the transfer with the quadratic reconstruction (:func:`transfer`)."""
         if not self.refinement:
             return None
         ref, crs = self.refinement.flags(self, f, attention_scale)
@@ -523,7 +524,7 @@ class AdaptiveHealpixGrid(Grid):
         new = self.adapt(refine=ref, coarsen=crs)
         if new is self:
             return None
-        return new, transfer(f, self, new)
+        return new, transfer(f, self, new, quadratic)
 
     def move_field(self, values, target: "AdaptiveHealpixGrid") -> np.ndarray:
         """Cell-centre values (N, ...) of a smooth field on ``target`` (another tiling of the forest), each
@@ -645,7 +646,7 @@ def _mask(sel, n: int, name: str) -> np.ndarray:
     return out
 
 
-def transfer(f, source: AdaptiveHealpixGrid, target: AdaptiveHealpixGrid) -> np.ndarray:
+def transfer(f, source: AdaptiveHealpixGrid, target: AdaptiveHealpixGrid, quadratic: bool = False) -> np.ndarray:
     """Cell averages ``f`` on ``source`` moved onto ``target`` (two tilings of the same forest), conserving mass.
 
     A target cell that is a source cell keeps its value. Target cells inside a source cell (refinement,
@@ -655,6 +656,13 @@ def transfer(f, source: AdaptiveHealpixGrid, target: AdaptiveHealpixGrid) -> np.
     the area-weighted mean of the children's xbar (so the children's mass is the parent's to round-off).
     A target cell holding several source cells (coarsening) gets their area-weighted mean.
     ``f`` of shape (N, k) moves k columns at once (each as above; the cell matching is done once).
+
+    ``quadratic``: refined cells take the source cell's quadratic reconstruction instead
+    (:func:`spherepde.grids.base.quadratic_stencil`, the scheme="quadratic" one), averaged exactly over each
+    target cell from its mean position and central second moments: f_c + theta (g . u_t + h . (q_t - q')),
+    u_t = B_c (xbar_t - xbar_c'), q_t the target cell's means of the monomials u_s u_r and q' their
+    area-weighted mean over the children (mass to round-off), theta limited as above. Third order for
+    smooth f (the linear one is second order).
     """
     f = np.asarray(f, float)
     if f.shape[:1] != (source.n_cells,) or f.ndim > 2:
@@ -700,11 +708,29 @@ def transfer(f, source: AdaptiveHealpixGrid, target: AdaptiveHealpixGrid) -> np.
             area_p = np.bincount(parent, a, minlength=source.n_cells)
             xc[area_p > 0] /= area_p[area_p > 0, None]
             off = target.xbar[kids] - xc[parent]
+            if quadratic:
+                qcoef = source.quadratic_coef[0]
+                L, Q = quadratic_width(3)
+                B = source.tangent_basis[parent]  # (n, L, 3)
+                lin = np.einsum("nld,nd->nl", B, off)
+                mono = np.einsum("nsa,nab,ntb->nst", B, target.cell_moments2[kids], B) \
+                    + lin[:, :, None] * lin[:, None, :]
+                q = np.stack([mono[:, a, b] for a, b in quadratic_pairs(3)], axis=1)  # (n, Q)
+                qbar = np.zeros((source.n_cells, Q))
+                for j in range(Q):
+                    qbar[:, j] = np.bincount(parent, a * q[:, j], minlength=source.n_cells)
+                qbar[area_p > 0] /= area_p[area_p > 0, None]
+                basis_k = np.concatenate([lin, q - qbar[parent]], axis=1)  # (n, L + Q)
             for j in range(cols.shape[1]):
                 c = cols[:, j]
-                grad = np.zeros((source.n_cells, 3))
-                grad[up] = np.einsum("nsd,ns->nd", coef, c[source.stencil[up]] - c[up, None])
-                dv = np.einsum("nd,nd->n", grad[parent], off)
+                if quadratic:
+                    r = np.zeros((source.n_cells, L + Q))
+                    r[up] = np.einsum("nsr,ns->nr", qcoef[up], c[source.stencil[up]] - c[up, None])
+                    dv = np.einsum("nr,nr->n", r[parent], basis_k)
+                else:
+                    grad = np.zeros((source.n_cells, 3))
+                    grad[up] = np.einsum("nsd,ns->nd", coef, c[source.stencil[up]] - c[up, None])
+                    dv = np.einsum("nd,nd->n", grad[parent], off)
                 # theta: children within [lo, hi] of the parent's stencil and >= 0
                 nbv = c[source.stencil[up]]
                 lo = np.zeros(source.n_cells)

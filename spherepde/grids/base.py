@@ -85,9 +85,10 @@ class Grid:
         grid refines where ``f0`` needs it (:meth:`spherepde.grids.adaptive.AdaptiveHealpixGrid.initial`)."""
         return self
 
-    def regrid(self, f, attention_scale: float = 0.0):
+    def regrid(self, f, attention_scale: float = 0.0, quadratic: bool = False):
         """``(new grid, f on it)`` when the grid adapts to the density ``f``, else None (a fixed grid: always).
-        The solver calls it every :attr:`regrid_interval` steps and remakes its grid arrays in one place."""
+        The solver calls it every :attr:`regrid_interval` steps and remakes its grid arrays in one place;
+        ``quadratic``: move f with the quadratic reconstruction (the scheme's), not the linear one."""
         return None
 
     def move_field(self, values, target: "Grid") -> np.ndarray:
