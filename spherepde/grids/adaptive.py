@@ -700,7 +700,6 @@ def transfer(f, source: AdaptiveHealpixGrid, target: AdaptiveHealpixGrid, quadra
             # the gradient (and the stencil bounds below) of the refined source cells only: the same per-row
             # arithmetic as Grid.stencil_coef, without building it for the whole source grid at every regrid
             up = np.unique(parent)
-            coef = np.einsum("nst,ntd->nsd", source.stencil_coef_local[up], source.tangent_basis[up])
             a = target.areas[kids]
             xc = np.zeros((source.n_cells, 3))
             for j in range(3):
@@ -721,6 +720,8 @@ def transfer(f, source: AdaptiveHealpixGrid, target: AdaptiveHealpixGrid, quadra
                     qbar[:, j] = np.bincount(parent, a * q[:, j], minlength=source.n_cells)
                 qbar[area_p > 0] /= area_p[area_p > 0, None]
                 basis_k = np.concatenate([lin, q - qbar[parent]], axis=1)  # (n, L + Q)
+            else:
+                coef = np.einsum("nst,ntd->nsd", source.stencil_coef_local[up], source.tangent_basis[up])
             for j in range(cols.shape[1]):
                 c = cols[:, j]
                 if quadratic:
