@@ -830,7 +830,7 @@ class SchemeConfig:
 
     scheme: str = "linear"
     limiter: str = "positivity"
-    stepper: str = "ssprk3"
+    stepper: str = "auto"
     cfl: float = 0.4
     error_control: bool = True
     rtol: float = 1e-3
@@ -852,7 +852,7 @@ class SchemeConfig:
         return cls(
             scheme=_str(sec, "scheme", w, SCHEMES, default=d.scheme),
             limiter=_str(sec, "limiter", w, LIMITERS, default=d.limiter),
-            stepper=_str(sec, "stepper", w, tuple(STEPPERS), default=d.stepper),
+            stepper=_str(sec, "stepper", w, ("auto",) + tuple(STEPPERS), default=d.stepper),
             cfl=_float(sec, "cfl", w, default=d.cfl, lo=0.0, hi=1.0, lo_open=True),
             error_control=_bool(sec, "error_control", w, d.error_control),
             rtol=_float(sec, "rtol", w, default=d.rtol, lo=0.0, hi=1.0, lo_open=True, hi_open=True),

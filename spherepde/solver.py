@@ -55,7 +55,7 @@ class Options:
     scheme : {"linear", "quadratic", "upwind"}, default "linear"
         "linear": least-squares linear reconstruction (second order); "quadratic": least-squares
         quadratic reconstruction on the same stencils (third order in space,
-        :func:`spherepde.grids.base.quadratic_stencil`; with the default SSP-RK3 stepper the scheme is
+        :func:`spherepde.grids.base.quadratic_stencil`; with the default third-order stepper the scheme is
         third order in time too), with the same positivity limiter applied to the whole quadratic;
         "upwind": piecewise constant.
     limiter : {"positivity", "maximum", "none"}, default "positivity"
@@ -65,14 +65,25 @@ class Options:
         cell and its neighbours), so the discrete minimum obeys the Gronwall bound of the
         minimal-density lemma even next to under-resolved clusters; smooth extrema are clipped to first
         order. "none" is for studies only (densities may go negative).
-    stepper : {"ssprk3", "ssprk2", "euler"}, default "ssprk3"
-        SSP Runge-Kutta scheme (:mod:`spherepde.steppers`). SSP-RK3 is the default because its embedded
-        estimate (Heun) is second order: under error control it takes CFL-size steps where SSP-RK2, whose
+    stepper : {"auto", "ssprk43", "ssprk3", "ssprk2", "euler"}, default "auto"
+        SSP Runge-Kutta scheme (:mod:`spherepde.steppers`). "auto": SSP-RK(4,3), or SSP-RK3 for a model
+        with noise (see below). Third order with a second-order embedded
+        estimate is the default because under error control it takes CFL-size steps where SSP-RK2, whose
         embedded Euler estimate is only first order, takes 5-25 times more (measured on the paper's run
         at nside 16: 7802 SSP-RK2 steps against 1230 fixed CFL steps; see ``validation/time_accuracy``).
+        Of the two third-order schemes, SSP-RK(4,3) has SSP coefficient 2: its step may be twice the CFL
+        step at the same Courant number per stage, so where the CFL limit sets the step (most runs) it
+        takes half SSP-RK3's steps at 4/3 the stages each, 2/3 of the work (measured: the paper's run
+        at nside 16, 818 steps against 1577, L1 distance to the reference 2.2e-4 against 4.6e-4; test
+        case 1 at 115k cells, 980 steps against 1960, l2 within 2 %, 0.58-0.65x the wall time).
+        With noise the Strang splitting error, which the embedded estimate does not see, grows as dt^2:
+        there "auto" keeps SSP-RK3's shorter steps (measured: the Gibbs-state error at nside 16 is
+        4.0e-4 with SSP-RK(4,3) against 3.1e-4, order 1.41 against 1.84 from nside 8, tests/test_noise.py).
     cfl : float in (0, 1], default 0.4
-        Outflow Courant number of the worst cell: dt * (total outflow coefficient of cell i) / |C_i|.
-        With ``error_control`` it is the upper limit of the step (stability), not the step itself.
+        Outflow Courant number of the worst cell in each forward-Euler stage: h_s dt * (total outflow
+        coefficient of cell i) / |C_i| (h_s the stage's fraction of the step: 1/2 for SSP-RK(4,3), 1 for
+        the others), so the step is at most ``cfl`` times the stepper's SSP coefficient over the Courant
+        rate. With ``error_control`` it is the upper limit of the step (stability), not the step itself.
     error_control : bool, default True
         Choose each step from the embedded error estimate of the stepper (accuracy) within the CFL limit
         (stability); rejected steps are retried smaller. False: the step is min(CFL step, ``max_dt``)
@@ -102,7 +113,7 @@ class Options:
 
     scheme: str = "linear"
     limiter: str = "positivity"
-    stepper: str = "ssprk3"
+    stepper: str = "auto"
     cfl: float = 0.4
     error_control: bool = True
     rtol: float = 1e-3
@@ -119,8 +130,8 @@ class Options:
         if self.scheme == "quadratic" and self.limiter == "maximum":
             raise ValueError("limiter='maximum' (the Barth-Jespersen bound of the linear reconstruction) needs "
                              "scheme='linear'; with scheme='quadratic' use limiter 'positivity' or 'none'")
-        if not isinstance(self.stepper, str) or self.stepper not in STEPPERS:
-            raise ValueError(f"stepper must be one of {tuple(STEPPERS)}, got {self.stepper!r}")
+        if not isinstance(self.stepper, str) or (self.stepper != "auto" and self.stepper not in STEPPERS):
+            raise ValueError(f"stepper must be 'auto' or one of {tuple(STEPPERS)}, got {self.stepper!r}")
         object.__setattr__(self, "cfl", finite_float(self.cfl, "cfl", low=0.0, high=1.0, low_open=True))
         if not isinstance(self.error_control, (bool, np.bool_)):
             raise TypeError(f"error_control must be True or False, got {self.error_control!r}")
@@ -295,7 +306,7 @@ class Solver:
         self._set_grid(grid)
         self.l0 = float(self.f.min())
         self.diag = {k: [] for k in _DIAG_KEYS}
-        self._stepper = STEPPERS[self.options.stepper]
+        self._stepper = STEPPERS[self.stepper_name]
         self._controller = StepController(1.0 / self._stepper.embedded_order)
         self._dt_next = np.inf  # the controller's proposal for the next step
         self._field_curv = np.inf  # relative second divided difference of the last three fields
@@ -331,10 +342,23 @@ class Solver:
         self._history: list[tuple[float, np.ndarray]] = []  # (t, face weights a) for field_interval (per grid)
         self._extrema = None  # (f, min f, max f) of the state step() just made, for _record
 
+    @property
+    def stepper_name(self) -> str:
+        """The stepper in use: ``Options.stepper``, with "auto" resolved (SSP-RK(4,3); SSP-RK3 for a model
+        with noise, whose splitting error the embedded estimate does not see)."""
+        name = self.options.stepper
+        if name == "auto":
+            name = "ssprk3" if _terms.has_noise(self.model) else "ssprk43"
+        return name
+
     def _maybe_regrid(self):
-        """Every ``grid.regrid_interval`` steps, let the grid adapt to the density (:meth:`Grid.regrid`);
-        the density moves conservatively with it. A uniform grid never changes (interval 0)."""
+        """Every ``grid.regrid_interval`` CFL steps, let the grid adapt to the density (:meth:`Grid.regrid`);
+        the density moves conservatively with it. A uniform grid never changes (interval 0). A stepper of
+        SSP coefficient c takes steps c times as long, so it regrids every interval / c steps (at least
+        every step): a feature moves as far between regrids whatever the stepper."""
         every = int(getattr(self.grid, "regrid_interval", 0) or 0)
+        if every > 0:
+            every = max(1, int(round(every / self._stepper.ssp_coefficient)))
         if every <= 0 or self.n_steps % every:
             return
         out = self.grid.regrid(self.f, attention_scale(self._active), quadratic=self.options.scheme == "quadratic")
@@ -744,7 +768,7 @@ class Solver:
         opt, st = self.options, self._stepper
         mom = self._mom
         rate, _ = self._rates(mom)
-        dt_cfl = opt.cfl / rate if rate > 0 else np.inf
+        dt_cfl = opt.cfl * st.ssp_coefficient / rate if rate > 0 else np.inf
         dt_free = min(dt_cfl, opt.max_dt, self._dt_next if opt.error_control else np.inf)
         dt = min(dt_free, dt_max)
         if not np.isfinite(dt):
@@ -882,7 +906,8 @@ class Solver:
         the others reuse buffers."""
         shifted = u0 is not None and u0 is not self.f
         u0 = self.f if u0 is None else u0
-        if shifted and dt * self._rates(mom0)[0] > 1.0:  # moments of a diffused state: check the CFL too
+        hs = st.stage_fractions  # stage s is a forward-Euler step of hs[s] * dt
+        if shifted and hs[0] * dt * self._rates(mom0)[0] > 1.0:  # moments of a diffused state: check the CFL too
             return None
         prev = u0
         vals = [u0]
@@ -892,10 +917,10 @@ class Solver:
                 mom = mom0
             else:
                 mom = self._moments(self.t + c * dt, prev)
-                if dt * self._rates(mom)[0] > 1.0:
+                if hs[s] * dt * self._rates(mom)[0] > 1.0:
                     return None
             out = np.empty_like(u0) if s == n_main - 1 else self._buffer(s)
-            self._rhs_stage(u0, prev, mom, dt, alpha, out)
+            self._rhs_stage(u0, prev, mom, hs[s] * dt, alpha, out)
             vals.append(out)
             prev = out
         return vals
@@ -910,7 +935,7 @@ class Solver:
         change with the density or in time it is estimated from the current field and only logged."""
         opt = self.options
         rate, _ = self._rates(self._mom)
-        dt_up = min(opt.cfl / rate if rate > 0 else np.inf, opt.max_dt)
+        dt_up = min(opt.cfl * self._stepper.ssp_coefficient / rate if rate > 0 else np.inf, opt.max_dt)
         if not np.isfinite(dt_up) or t_end <= self.t:
             return
         need = (t_end - self.t) / dt_up
@@ -918,7 +943,7 @@ class Solver:
         if need <= left:
             return
         msg = (f"t_end = {t_end:g} needs at least {need:.3g} steps from t = {self.t:g} (the step is at most "
-               f"{dt_up:.3g}: cfl = {opt.cfl:g} over the field's Courant rate, and max_dt = {opt.max_dt:g}), more "
+               f"{dt_up:.3g}: cfl = {opt.cfl:g} times the stepper's SSP coefficient over the field's Courant rate, and max_dt = {opt.max_dt:g}), more "
                f"than the {left} left of max_steps = {opt.max_steps}: shorten t_end, raise cfl or max_dt, or raise "
                f"Options.max_steps (config scheme.max_steps)")
         # a field that changes with the density or in time may speed up or slow down, but not by a factor

@@ -7,19 +7,28 @@ STEPPERS        the registry, name -> SSPStepper; ``register_stepper`` adds one.
 StepController  the step-size rule of the error control (error per unit step, see Notes).
 
 Each stage is a convex combination of forward-Euler stages, ``u_s = alpha_s u_0 + (1 - alpha_s)
-(u_{s-1} + dt L(u_{s-1}, t + c_s dt))``, so positivity and exact mass conservation of one forward-Euler
-stage carry over to every accepted step. The embedded solution is a fixed linear combination of the stage
-values ``[u_0, u_1, ..., u_s, extra...]``; it is used only to estimate the error, never as the answer (it
-need not be positive).
+(u_{s-1} + h_s dt L(u_{s-1}, t + c_s dt))``, so positivity and exact mass conservation of one forward-Euler
+stage carry over to every accepted step, as long as each forward-Euler stage h_s dt is within the
+forward-Euler limit: the step may be 1 / max_s h_s (the SSP coefficient) times that limit. The embedded
+solution is a fixed linear combination of the stage values ``[u_0, u_1, ..., u_s, extra...]``; it is used
+only to estimate the error, never as the answer (it need not be positive).
 
-========  ======  ==========================================  ===============  =================
-name      order   stages (alpha, c)                           embedded         cost per step
-========  ======  ==========================================  ===============  =================
-euler     1       (0, 0)                                      Heun (order 2),  2 stages
-                                                              one extra stage
-ssprk2    2       (0, 0), (1/2, 1)                            Euler = u_1      2 stages
-ssprk3    3       (0, 0), (3/4, 1), (1/3, 1/2)                Heun = 2u_2-u_0  3 stages
-========  ======  ==========================================  ===============  =================
+========  ======  ========================================  ===============  =========  ========
+name      order   stages (alpha, c), h_s = 1 unless given   embedded         stages     SSP
+                                                                             per step   coeff.
+========  ======  ========================================  ===============  =========  ========
+euler     1       (0, 0)                                    Heun (order 2),  2          1
+                                                            one extra stage
+ssprk2    2       (0, 0), (1/2, 1)                          Euler = u_1      2          1
+ssprk3    3       (0, 0), (3/4, 1), (1/3, 1/2)              Heun = 2u_2-u_0  3          1
+ssprk43   3       (0, 0), (0, 1/2), (2/3, 1), (0, 1/2);     2u_3 - u_0       4          2
+                  h_s = 1/2 for every stage                 (order 2)
+========  ======  ========================================  ===============  =========  ========
+
+SSP-RK(4,3) (Spiteri and Ruuth 2002; Kraaijevanger 1991) is SSP-RK3 with a fourth stage and twice the SSP
+coefficient: per unit time it takes 4 / 2 = 2 stages per forward-Euler step against SSP-RK3's 3, so where
+the CFL limit sets the step it costs 2/3 of SSP-RK3. Its embedded solution 2 u_3 - u_0 = u_0 + dt (k_1 +
+k_2 + k_3) / 3 (k_s the stage slopes) has sum b = 1 and sum b c = 1/2: order 2, as SSP-RK3's Heun.
 
 Notes
 -----
@@ -45,6 +54,7 @@ ratio scales as ``dt^q`` with q the embedded order, and the next step is
 References
 ----------
 C.-W. Shu, S. Osher, J. Comput. Phys. 77 (1988) 439-471 (the schemes).
+R. J. Spiteri, S. J. Ruuth, SIAM J. Numer. Anal. 40 (2002) 469-491 (SSP-RK(4,3), its coefficient 2).
 I. Higueras et al., "Embedded pairs for optimal explicit strong stability preserving Runge-Kutta
 methods", J. Comput. Appl. Math. 2019 / arXiv:1812.09935 (the SSPRK(3,3)-Heun pair).
 """
@@ -65,7 +75,7 @@ class SSPStepper:
     ----------
     name : str
     stages : tuple of (alpha, c)
-        Stage s: ``alpha u_0 + (1 - alpha)(u_{s-1} + dt L(u_{s-1}, t + c dt))``; the last is the answer.
+        Stage s: ``alpha u_0 + (1 - alpha)(u_{s-1} + h_s dt L(u_{s-1}, t + c dt))``; the last is the answer.
     order : int
         Order of the answer.
     embedded : tuple of float
@@ -74,6 +84,9 @@ class SSPStepper:
         Its order q (the error ratio scales as dt^q).
     extra : tuple of (alpha, c)
         Stages computed after the answer, only for the estimate (from the answer onwards, as above).
+    fractions : tuple of float
+        h_s of every stage, ``stages`` then ``extra`` (empty: all 1): the forward-Euler step of stage s is
+        h_s dt, so the step may be :attr:`ssp_coefficient` = 1 / max h_s times the forward-Euler limit.
     """
 
     name: str
@@ -82,14 +95,28 @@ class SSPStepper:
     embedded: tuple
     embedded_order: int
     extra: tuple = ()
+    fractions: tuple = ()
 
     def __post_init__(self):
+        if self.fractions and (len(self.fractions) != len(self.stages) + len(self.extra)
+                               or not all(0.0 < h <= 1.0 for h in self.fractions)):
+            raise ValueError(f"stepper {self.name!r}: fractions needs one h in (0, 1] per stage and extra stage")
         n = 1 + len(self.stages) + len(self.extra)
         if len(self.embedded) != n:
             raise ValueError(f"stepper {self.name!r}: embedded needs {n} weights (u_0, stages, extra), "
                              f"got {len(self.embedded)}")
         if abs(sum(self.embedded) - 1.0) > 1e-12:
             raise ValueError(f"stepper {self.name!r}: embedded weights must sum to 1 (consistency)")
+
+    @property
+    def stage_fractions(self) -> tuple:
+        """h_s of every stage (``stages`` then ``extra``)."""
+        return tuple(self.fractions) or (1.0,) * (len(self.stages) + len(self.extra))
+
+    @property
+    def ssp_coefficient(self) -> float:
+        """1 / max h_s: the step may be this many forward-Euler limits (CFL steps)."""
+        return 1.0 / max(self.stage_fractions)
 
     @property
     def n_stages(self) -> int:
@@ -110,6 +137,8 @@ def register_stepper(stepper: SSPStepper) -> SSPStepper:
 register_stepper(SSPStepper("euler", ((0.0, 0.0),), 1, (0.0, 0.0, 1.0), 1, extra=((0.5, 1.0),)))
 register_stepper(SSPStepper("ssprk2", ((0.0, 0.0), (0.5, 1.0)), 2, (0.0, 1.0, 0.0), 1))
 register_stepper(SSPStepper("ssprk3", ((0.0, 0.0), (0.75, 1.0), (1.0 / 3.0, 0.5)), 3, (-1.0, 0.0, 2.0, 0.0), 2))
+register_stepper(SSPStepper("ssprk43", ((0.0, 0.0), (0.0, 0.5), (2.0 / 3.0, 1.0), (0.0, 0.5)), 3,
+                            (-1.0, 0.0, 0.0, 2.0, 0.0), 2, fractions=(0.5, 0.5, 0.5, 0.5)))
 
 
 @dataclass

@@ -192,8 +192,9 @@ class Refinement:
     coarsen : float, default 0.25
     buffer : int, default 2
     interval : int, default 4
-        Steps between regrids. At CFL 0.4 a feature moves at most 1.6 cells in 4 steps, within a
-        buffer of 2 rings.
+        CFL steps between regrids: steps of SSP-RK3, SSP-RK2 or Euler; a stepper of SSP coefficient c
+        (SSP-RK(4,3): 2), whose steps are c times as long, regrids every interval / c steps. At CFL 0.4 a
+        feature moves at most 1.6 cells in 4 CFL steps, within a buffer of 2 rings.
     """
 
     variation: float = 0.25
