@@ -643,6 +643,16 @@ class Solver:
                 return mom, side
             fv.combine_weights(A, c, a)
             return self._compute_moments(a)
+        kernel = getattr(active, "kernel", None)
+        if kernel is not None:  # Prescribed.compiled: the normal weights in one compiled pass
+            key = (self._active_key, "kernel weights")
+            if key not in self._steady_cache:
+                self._steady_cache[key] = np.empty(self.grid.face_points.shape[:2])
+            a = self._steady_cache[key]
+            if fv.compiled_normal_weights(kernel, self.grid.face_points, self.grid.face_normals, float(t), a):
+                raise ValueError(f"the compiled velocity kernel {getattr(kernel, '__name__', kernel)!r} wrote NaN "
+                                 f"or inf at t = {t}")
+            return self._compute_moments(a)
         return self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
 
     def _compute_moments(self, a, a_prev=None, c=0.0):

@@ -943,3 +943,50 @@ def vector_gradient(m, stencil, coef, grad):
                     s += coef[i, q, j] * (m[stencil[i, q], c] - m[i, c])
                 grad[i, c, j] = s
 
+
+
+@njit(parallel=True)
+def compiled_normal_weights(kernel, pts, normals, t, a):
+    """a[f, g] = P_x v(x, t) . N_fg at every face Gauss point x = pts[f, g] (F, G, d), for a Numba-compiled
+    velocity ``kernel(x, t, out)`` (x and out (d,)): the normal-velocity weights of a time-dependent
+    prescribed field (``Prescribed.compiled``) in one compiled pass, no (F, G, d) temporaries. Returns the
+    number of weights that are NaN or inf. Not cached on disk (the kernel is an argument: one compilation
+    per user function and process)."""
+    F, G, d = pts.shape
+    nchunk = (F + 255) // 256
+    bad = 0
+    for c in prange(nchunk):
+        x = np.empty(d)
+        v = np.empty(d)
+        for f in range(c * 256, min(F, c * 256 + 256)):
+            for g in range(G):
+                for k in range(d):
+                    x[k] = pts[f, g, k]
+                kernel(x, t, v)
+                xv = 0.0
+                for k in range(d):
+                    xv += x[k] * v[k]
+                s = 0.0
+                for k in range(d):
+                    s += (v[k] - xv * x[k]) * normals[f, g, k]
+                a[f, g] = s
+                if s - s != 0.0:  # NaN or inf
+                    bad += 1
+    return bad
+
+
+@njit(parallel=True)
+def compiled_points(kernel, x, t, out):
+    """out[i] = kernel(x[i], t) for points x (n, d): ``Prescribed.compiled``'s velocity(x, t) for particles
+    and plots."""
+    n, d = x.shape
+    nchunk = (n + 255) // 256
+    for c in prange(nchunk):
+        xi = np.empty(d)
+        vi = np.empty(d)
+        for i in range(c * 256, min(n, c * 256 + 256)):
+            for k in range(d):
+                xi[k] = x[i, k]
+            kernel(xi, t, vi)
+            for k in range(d):
+                out[i, k] = vi[k]

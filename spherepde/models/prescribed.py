@@ -32,6 +32,9 @@ class Prescribed(Model):
         The field's time structure, v(x, t) = sum_k c_k(t) v_k(x) (made by :meth:`separable`): the solver
         then evaluates each v_k once at the face quadrature points and forms each stage's field as the
         combination, instead of calling ``velocity`` at every stage.
+    kernel : Numba-compiled function, optional
+        ``kernel(x, t, out)`` writing v(x, t) for one point x (d,) into out (d,) (made by
+        :meth:`compiled`): the solver forms the normal velocities at the face points in one compiled pass.
     """
 
     velocity: Callable
@@ -39,6 +42,7 @@ class Prescribed(Model):
     steady: bool = False
     max_speed: float | None = None
     modes: tuple | None = None
+    kernel: Callable | None = None
 
     local = True
 
@@ -48,6 +52,8 @@ class Prescribed(Model):
         positive_int(self.dim, "dim", minimum=2)
         if self.max_speed is not None:
             object.__setattr__(self, "max_speed", finite_float(self.max_speed, "max_speed", low=0.0))
+        if self.kernel is not None and self.modes is not None:
+            raise ValueError("give a field either modes (Prescribed.separable) or a kernel (Prescribed.compiled), not both")
         if self.modes is not None and self.steady:
             raise ValueError("a field with modes is time-dependent: give steady=False (or a steady field without modes)")
 
@@ -75,6 +81,41 @@ class Prescribed(Model):
             return sum(float(c(t)) * np.asarray(v(x), float) for c, v in modes)
 
         return cls(velocity, dim=dim, steady=False, max_speed=max_speed, modes=modes)
+
+    @classmethod
+    def compiled(cls, kernel, dim: int = 3, max_speed: float | None = None, steady: bool = False) -> "Prescribed":
+        """A field given as a Numba-compiled point function, for time dependence of any form.
+
+        ``kernel(x, t, out)``: a ``numba.njit`` function that writes v(x, t) (tangent, or its tangent part
+        is taken) for one point ``x`` (d,) on the sphere into ``out`` (d,). Why: a plain NumPy
+        ``velocity(x, t)`` is called at every face Gauss point twice per step, with its temporaries
+        (about 100 times the cost of a steady field at nside 256, issue #22); the compiled function is
+        called from inside the solver's own compiled loop over the faces, with no arrays in between
+        (``validation/bench_transport.py`` measures the cost). Example::
+
+            @numba.njit
+            def swirl(x, t, out):  # a rotation about an axis that precesses about e3
+                a0, a1, a2 = 0.3 * math.cos(t), 0.3 * math.sin(t), 1.0
+                out[0] = a1 * x[2] - a2 * x[1]
+                out[1] = a2 * x[0] - a0 * x[2]
+                out[2] = a0 * x[1] - a1 * x[0]
+
+            model = Prescribed.compiled(swirl, max_speed=1.05)
+
+        The result is also an ordinary ``Prescribed`` (``velocity(x, t)`` works on any points: particles,
+        plots). A kernel that writes NaN or inf is an error at the step that meets it."""
+        if not (hasattr(kernel, "py_func") and callable(kernel)):
+            raise TypeError(f"kernel must be a numba.njit function kernel(x, t, out), got {kernel!r}; for a "
+                            "NumPy function velocity(x, t) -> (n, d) use Prescribed(velocity)")
+        from ..kernels import fv
+
+        def velocity(x, t=0.0):
+            x = np.ascontiguousarray(x, dtype=float)
+            out = np.empty_like(x)
+            fv.compiled_points(kernel, x, float(t), out)
+            return out
+
+        return cls(velocity, dim=dim, steady=steady, max_speed=max_speed, kernel=kernel)
 
     @classmethod
     def rigid_rotation(cls, axis, omega: float = 1.0) -> "Prescribed":

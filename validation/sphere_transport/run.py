@@ -10,7 +10,7 @@ time (the solve alone, after a warm-up that compiles), and the l2 convergence ra
 resolutions.
 
 spherepde: cell averages (the initial ones by the grid's cell quadrature), the quadratic (third-order)
-scheme with the solver's defaults (SSP-RK3 under error control, CFL 0.4, positivity limiter), and the
+scheme with the solver's defaults (SSP-RK(4,3) under error control, CFL 0.4 per stage, so steps up to 0.8 over the Courant rate; positivity limiter), and the
 linear (second-order) scheme for reference on three of the cases. The deformational flows are given with their time structure
 (``Prescribed.separable``).
 
