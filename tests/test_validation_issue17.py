@@ -20,3 +20,18 @@ def test_cluster_dynamics_quick_mode_passes_its_criteria(tmp_path, monkeypatch):
     assert len(crits) == 21 and all(c["pass"] for c in crits), [c for c in crits if not c["pass"]]
     # the stall is left by the translation along e2 at rate 1 for every beta
     assert all(c["mode"].startswith("translation") and abs(c["most_unstable"] - 1.0) < 1e-6 for c in res["cone"])
+
+
+
+def test_token_ensembles_quick_mode_reproduces_fig4_tokens(tmp_path, monkeypatch):
+    """validation/token_ensembles (issue #17 item 4) in its quick mode (n = 100 and 200, 3 seeds, T = 20, a
+    few seconds): every run enters the E-phase, and the 200-token runs give fig4_concentration's
+    200-token t_EF and t_exit for the same seeds (the same Algorithm 1 run by another script, to 1e-9)."""
+    mod = C.load_study("token_ensembles")
+    monkeypatch.setattr(mod, "HERE", tmp_path)  # outputs and run cache; FIG4 still reads the committed runs
+    assert mod.main(["--quick"]) == 0
+    res = json.loads((tmp_path / "results_quick.json").read_text())
+    crits = mod.criteria(res)
+    assert len(crits) == 3 and all(c["pass"] for c in crits), crits
+    assert res["fig4_match"] is not None and res["fig4_match"] <= 1e-9
+    assert [p["n"] for p in res["per_n"]] == [100, 200] and all(p["seeds"] == 3 for p in res["per_n"])
