@@ -7,7 +7,7 @@ default stepper (SSP-RK(4,3): 4 stages per step; the stages are counted from the
 1. the uniform HealpixGrid(nside): cell-stage updates per second;
 2. a static adaptive grid (``refinement=False``) of about the same cell count, three orders mixed (a polar
    cap refined twice), the same field: cell-stage updates per second, and its ratio to 1 (target: within 2x);
-3. the same adaptive grid regridding every 4 steps (the default ``Refinement()``) on a moving bump: the
+3. the same adaptive grid regridding every 4 CFL steps (the default ``Refinement()``; every 2 steps of SSP-RK(4,3)) on a moving bump: the
    time per regrid (grid rebuild with reused geometry plus transfer) against the time per step.
 
 Usage: python validation/bench_adaptive.py [--nside 64] [--steps 40] [--repeat 5]
@@ -172,7 +172,7 @@ def main(argv=None):
         f"| {ada!r} | {ada.n_cells} | {ra[0]:.3g} [{ra[1]:.3g}, {ra[2]:.3g}] |", "",
         f"Adaptive / uniform cost per cell-stage: {ru[0] / ra[0]:.2f}x (target: within 2x).", "",
         f"Regridding (bump in rigid rotation, nside {a.nside // 4} .. {a.nside}, ~{cells} cells, default "
-        f"Refinement, every 4 steps): {per_regrid * 1e3:.1f} ms per regrid [{spread[0] * 1e3:.1f}, "
+        f"Refinement, every 4 CFL steps: every 2 steps of SSP-RK(4,3)): {per_regrid * 1e3:.1f} ms per regrid [{spread[0] * 1e3:.1f}, "
         f"{spread[1] * 1e3:.1f}], {per_step * 1e3:.1f} ms per step without it: a regrid costs "
         f"{per_regrid / per_step:.1f} steps.", "",
     ]
