@@ -6,7 +6,8 @@ Setting: the paper's (beta = 100, B = diag(-1,-1,1), V = diag(-1,1,-2), so E = s
 Algorithm 1 (explicit Euler, dt = 0.01: ``simulate_particles(..., dt=0.01)``, the softmax over the tokens
 by the certified evaluator), tokens drawn uniformly on S^2 (``sample_uniform``, seed s), T = 30 (the
 paper stops at ~20; larger ensembles leave E later). Per saved time (every 0.25) the alignments
-align_E = mean x_1^2 and align_F = mean x_2^2 (int |P_E x|^2 and int |P_F x|^2 of the empirical measure);
+align_E = int |P_E x|^2 and align_F = int |P_F x|^2 of the empirical measure (``spherepde.alignment``;
+here mean x_1^2 and mean x_2^2);
 t_exit and t_EF as in fig4_concentration (``spherepde.diagnostics.exit_time`` / ``transition_time``).
 
 The question of the issue: does the density-level law t = a + b log(1/eps) with eps ~ n^(-1/2) predict
@@ -38,7 +39,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from spherepde import Attention, sample_uniform, simulate_particles  # noqa: E402
+from spherepde import Attention, alignment, sample_uniform, simulate_particles, spectral_data  # noqa: E402
 from spherepde.diagnostics import exit_time, transition_time  # noqa: E402
 from validation import criteria as C  # noqa: E402
 
@@ -64,8 +65,9 @@ def one_run(n: int, seed: int, t_end: float, cache: Path) -> dict:
     t0 = time.perf_counter()
     pr = simulate_particles(Attention(B, V, BETA), x0, t_end, DT, save_at=save)
     wall = time.perf_counter() - t0
-    aE = [float(np.mean(X[:, 0] ** 2)) for X in pr.positions]
-    aF = [float(np.mean(X[:, 1] ** 2)) for X in pr.positions]
+    sd, w = spectral_data(B, V), np.full(n, 1.0 / n)
+    aE = [alignment(X, w, sd.E) for X in pr.positions]
+    aF = [alignment(X, w, sd.F) for X in pr.positions]
     rec = {"n": n, "seed": seed, "T": t_end, "times": save.tolist(), "align_E": aE, "align_F": aF,
            "t_exit": exit_time(save, aE), "t_EF": transition_time(save, aE, aF), "max_align_E": max(aE),
            "wall_s": wall}
