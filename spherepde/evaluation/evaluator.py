@@ -137,20 +137,40 @@ class AttentionEvaluator:
             return "fast_spectral"
         return "series"
 
-    def _exact(self, p: Targets) -> str:
+    def _exact(self, p: Targets, tree: bool = True) -> str:
         """The guaranteed method for these targets: pruned where kappa is large enough to prune (it sums
         the fraction :func:`~spherepde.evaluation.methods.pruned_fraction` of the sources at about half the
-        direct kernel's speed per source), direct otherwise; the USA's direct sums for the USA."""
+        direct kernel's speed per source), direct otherwise; the USA's direct sums for the USA. With
+        ``tree``, the dual tree instead where its planned cost is lower (:meth:`_tree_or`)."""
         if self.model.normalization == "usa":
             return "usa_direct"
-        return "pruned" if _m.pruned_fraction(self.model.tol, p.kappa, p.N) < 0.5 else "direct"
+        name = "pruned" if _m.pruned_fraction(self.model.tol, p.kappa, p.N) < 0.5 else "direct"
+        return self._tree_or(p, name) if tree else name
+
+    def _tree_or(self, p: Targets, name: str) -> str:
+        """``"tree"`` where the dual tree is available and its planned cost (the traversal run in count
+        mode: ~1% of its work) is below the cost of the guaranteed method ``name``; ``name`` otherwise. The
+        plan is made only where ``name`` costs more than three times the tree's set-up (both trees and
+        the leaves' bounds, ~1.5 us a point) and more than TREE_MIN_SECONDS: for a spread-out density
+        the tree only prunes, and the planning would be the price of every evaluation."""
+        if name not in ("direct", "pruned") or REGISTRY["tree"].available(self) is not None:
+            return name
+        t_name = REGISTRY[name].cost(self, p)
+        if p.N * p.M < _m.TREE_MIN_WORK or t_name < max(_m.TREE_MIN_SECONDS, 3 * _m.TREE_SETUP * (p.N + p.M)):
+            return name
+        # a margin of 2: the pruned method's model over-estimates it up to 3x on spread-out points (uniform
+        # tokens, n = 1e5, beta 100: 11.3 s modelled, 3.8 s measured), where the tree's would be 1.4x low
+        if REGISTRY["tree"].cost(self, p) < 0.5 * t_name:
+            return "tree"
+        self.cache.pop("tree", None)  # the plan is not kept beyond this choice
+        return name
 
     def _usa_first(self, p: Targets, requested: str) -> str:
         """The unnormalised attention: direct sums for small problems, ``method="direct"`` or d != 3; else the
         series (in-house or by fast transforms, as for "spectral"), whose refusals take the direct sums.
         Pruning does not apply (its bound is relative to the softmax normaliser)."""
-        if requested == "pruned":
-            raise ValueError("method 'pruned' does not evaluate the unnormalised attention (normalization='usa'): "
+        if requested in ("pruned", "tree"):
+            raise ValueError(f"method {requested!r} does not evaluate the unnormalised attention (normalization='usa'): "
                              "its bound is relative to the softmax normaliser; use 'auto', 'direct' or 'spectral'")
         if requested in ("series", "fast_spectral"):
             return self._first(p, requested)[0]
@@ -172,9 +192,11 @@ class AttentionEvaluator:
             t_pruned = REGISTRY["pruned"].cost(self, p)
             t_spec = REGISTRY["fast_spectral"].cost(self, p, min(t_direct, t_pruned) / 1.3) * 1.3 + 0.02
             best = min(t_direct, t_pruned, t_spec)
-            return ("direct" if best == t_direct else "pruned" if best == t_pruned else self._spectral_entry(p)), False
-        if self._exact(p) == "pruned":
-            return "pruned", False
+            if best == t_spec:
+                return self._spectral_entry(p), False
+            return self._tree_or(p, "direct" if best == t_direct else "pruned"), False
+        if self._exact(p, tree=False) == "pruned":
+            return self._tree_or(p, "pruned"), False
         L = _m.spectral_degree(tol, float(p.kappa.max()))[0] if self.model.dim == 3 else _m.SPECTRAL_AUTO_LMAX + 1
         if L <= _m.SPECTRAL_AUTO_LMAX:
             # The series pays off unless its bound fails at most targets, which the direct sums then redo:
@@ -189,7 +211,7 @@ class AttentionEvaluator:
                     self.memory["series_pass"] = min(1.0, passed + 0.05)  # drift back: try it again later
                     return "direct", False
             return self._spectral_entry(p), True
-        return "direct", False
+        return self._tree_or(p, "direct"), False
 
     def next_method(self, name: str, sub: Targets, info: FieldInfo) -> tuple[str, bool]:
         """The fallback chain, in one place: the method that takes the targets ``sub`` that method ``name``
@@ -198,7 +220,8 @@ class AttentionEvaluator:
         - circle_fft (all targets or none) -> the requested method, on the sources of positive weight
           (:meth:`mean_field` takes that path itself);
         - fast_spectral without a plan (kappa beyond every series) -> pruned / direct;
-        - series -> pruned / direct;
+        - series -> pruned / direct (or the dual tree where its plan is cheaper, :meth:`_tree_or`);
+        - tree (where tol leaves it no error budget) -> pruned / direct;
         - fast_spectral -> the in-house series where it is expected to be cheaper than the guaranteed sums
           (its rounding model is ~1e3 tighter than the transform-error model, so it takes most targets of
           low D while the density is smooth), weighed by the fraction it passed the last time; else, or
@@ -215,11 +238,13 @@ class AttentionEvaluator:
             t_series = REGISTRY["series"].cost(self, sub)
             frac = _m.pruned_fraction(self.model.tol, sub.kappa, N)
             t_exact = nb_ * N * (frac / _m.PRUNED_RATE if frac < 0.5 else 1.0 / _m.DIRECT_RATE)
+            if self._tree_or(sub, "pruned" if frac < 0.5 else "direct") == "tree":  # planned (and kept) for sub
+                t_exact = min(t_exact, REGISTRY["tree"].cost(self, sub))
             passed = self.memory.get("series_pass", 1.0)
             if t_series < passed * t_exact:
                 return "series", True
             self.memory["series_pass"] = min(1.0, passed + 0.05)
-        return self._exact(sub), False
+        return self._exact(sub, tree=name != "tree"), False
 
     def _first(self, p: Targets, requested: str) -> tuple[str, bool]:
         if requested == "auto":

@@ -566,3 +566,223 @@ class UsaDirect(Method):
         out *= np.exp(lse - model.beta * model.usa_shift)[:, None]
         info.note(self.name, p.M, 0.0)
         return None
+
+
+# ------------------------------------------------------------------------------------ the dual tree
+#: Points per leaf of the dual tree's target and source trees.
+TREE_LEAF = 128
+#: Largest expansion degree of the dual tree, by dimension (monomials: 969 for d = 3, 325 for d = 2).
+TREE_PMAX = {2: 24, 3: 16}
+#: Measured rates of the dual tree's work (2 threads, validation/bench_particles.py at n = 1e5): leaf
+#: pairs summed directly (target-source products per second: 5.4e8 measured on clustered points, 3.7e8 on
+#: uniform ones) and expansion terms
+#: (sources + targets times monomials, ~2e9 measured), and its set-up (both trees and the leaves' bounds)
+#: per point.
+TREE_DIRECT_RATE = 3.5e8
+TREE_TERM_RATE = 2e9
+TREE_SETUP = 1.5e-6
+#: The guaranteed method's cost below which "auto" does not plan the tree (seconds), and the problem size
+#: (kernel pairs) below which it never does.
+TREE_MIN_SECONDS = 0.05
+TREE_MIN_WORK = 2e8
+
+
+def _balanced_tree(P: np.ndarray, leaf: int):
+    """Complete binary tree of recursive median bisection (along the coordinate of largest spread), leaves
+    of <= ``leaf`` points: (order, depth, start, end), nodes in heap order (children 2k + 1, 2k + 2)."""
+    from ..kernels import tree as _t
+
+    depth = max(0, math.ceil(math.log2(max(P.shape[0] / leaf, 1.0))))
+    order, start, end = _t.balanced_tree(np.ascontiguousarray(P), depth)
+    return order, depth, start, end
+
+
+@functools.lru_cache(maxsize=8)
+def _tree_tables(d: int, pmax: int):
+    from ..kernels.tree import monomial_tables
+
+    return monomial_tables(d, pmax)
+
+
+def _tree_rho_max(eta: float, d: int, pmax: int, nmono: np.ndarray) -> np.ndarray:
+    """For each degree p, the largest rho = r_T r_S with rho^(p+1) e^(2 rho) / (p+1)! (the Lagrange
+    remainder, relative) + (2p + 82) eps e^((sqrt d + 1) rho) (rounding: the terms of the P-term sum add up
+    to at most e^(sqrt(d) rho) times the pair's mass, against a result >= e^-rho times it; each monomial
+    carries <= 2p + 2 roundings, the moments' sums over the sources are counted as 64 eps like the direct
+    sums, and the P terms are summed from the highest degree down, so that each addition rounds relative
+    to a tail of the series, which adds up to a few times the sum for rho <= 1: 16 eps) <= eta; -1 where
+    no rho > 0 meets it."""
+    out = np.full(pmax + 1, -1.0)
+    for p in range(pmax + 1):
+        def err(r):
+            return math.exp((p + 1) * math.log(r) + 2 * r - math.lgamma(p + 2)) + (2 * p + 82) * _EPS * math.exp(
+                (math.sqrt(d) + 1) * r)
+
+        if err(1e-300) > eta:
+            continue
+        lo, hi = 0.0, 1.0
+        while err(hi) <= eta and hi < 1e3:
+            lo, hi = hi, 2 * hi
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if err(mid) <= eta else (lo, mid)
+        out[p] = lo
+    return out
+
+
+class _TreeSetup:
+    """The dual tree of one problem: both trees, the leaves' lower bounds and the error budget."""
+
+    def __init__(self, ev, p: Targets):
+        from ..kernels import tree as _t
+
+        d = p.U.shape[1]
+        tol = ev.model.tol
+        u = p.U * p.kappa[:, None]
+        self.torder, self.tdepth, self.tstart, self.tend = _balanced_tree(u, TREE_LEAF)
+        self.sorder, self.sdepth, self.sstart, self.send = _balanced_tree(p.y, TREE_LEAF)
+        self.Ut = np.ascontiguousarray(u[self.torder])
+        self.Ys = np.ascontiguousarray(p.y[self.sorder])
+        self.ws = np.ascontiguousarray(p.w[self.sorder])
+        self.tc, self.tr = _t.node_balls(self.Ut, self.tstart, self.tend)
+        self.sc, self.sr = _t.node_balls(self.Ys, self.sstart, self.send)
+        # node masses summed exactly from the leaves up (no differences of a cumulative sum: a light node
+        # beside heavy ones keeps its mass)
+        sl0 = 2 ** self.sdepth - 1
+        wnode = np.zeros(self.sstart.shape[0])
+        wnode[sl0:] = [self.ws[a:b].sum() for a, b in zip(self.sstart[sl0:], self.send[sl0:])]
+        for k in range(sl0 - 1, -1, -1):
+            wnode[k] = wnode[2 * k + 1] + wnode[2 * k + 2]
+        with np.errstate(divide="ignore"):
+            self.slogw = np.log(wnode)
+        tl0, sl0 = 2 ** self.tdepth - 1, 2 ** self.sdepth - 1
+        lb = np.empty(2 ** self.tdepth)
+        gap = np.empty(2 ** self.tdepth)
+        _t.leaf_lower_bounds(self.tc, self.tr, tl0, lb.shape[0], self.sc, self.sr, self.slogw, sl0,
+                             2 ** self.sdepth, lb, gap)
+        lbmin = np.empty(self.tstart.shape[0])
+        lbmin[tl0:] = lb
+        for k in range(tl0 - 1, -1, -1):
+            lbmin[k] = min(lbmin[2 * k + 1], lbmin[2 * k + 2])
+        self.lbmin = lbmin
+        # each target's exponent shift: its leaf's lower bound of log D_i
+        self.shift = np.repeat(lb, self.tend[tl0:] - self.tstart[tl0:])
+        # the error budget: (1 + sqrt 3) (eta + 64 eps) <= 0.9 tol in _accept, eta the relative error of the
+        # sums: expansions (eta_e per pair, relative to the pair's sums), pruning (eta_p), and rounding: an
+        # exponent <u, y> - shift (a d-term dot product of size <= kappa, then a difference) is off by
+        # <= (3 kappa + |<u, y> - shift|) eps; the terms that count have <u, y> - shift between -64 (below,
+        # e^-64 of D) and the leaves' gap (the largest exponent bound above the shift); fexp_ftz adds
+        # <= 3.3e-14 (fastexp's worst case)
+        kmax = float(p.kappa.max())
+        self.eta_round = (3.0 * kmax + max(64.0, float(gap.max()))) * _EPS + 3.3e-14
+        budget = 0.9 * tol / (1.0 + math.sqrt(3.0)) - 64.0 * _EPS - self.eta_round
+        self.ok = budget > 0.0
+        # the pruning threshold enters through its log only: a tenth of the budget costs it little
+        self.eta_e, self.eta_p = 0.8 * max(budget, 0.0), 0.1 * max(budget, 0.0)
+        self.pmax = TREE_PMAX[d]
+        par, ax, inv, nmono = _tree_tables(d, self.pmax)
+        self.par, self.ax, self.inv, self.nmono = par, ax, inv, nmono
+        self.rho_max = _tree_rho_max(self.eta_e, d, self.pmax, nmono) if self.ok else np.full(self.pmax + 1, -1.0)
+        self.log_prune = (math.log(self.eta_p) if self.ok else -math.inf) - float(np.log(self.ws.sum()))
+        self.plan = None
+
+    def _plan(self):
+        from ..kernels import tree as _t
+
+        if self.plan is None:
+            self.plan = _t.traverse(self.tdepth, self.tstart, self.tend, self.tc, self.tr, self.lbmin, self.sdepth,
+                                    self.sstart, self.send, self.sc, self.sr, self.slogw, self.log_prune,
+                                    self.rho_max, self.nmono)
+        return self.plan
+
+    @property
+    def stats(self) -> np.ndarray:
+        """(products summed directly, expansion terms, pairs pruned, pairs expanded)."""
+        return self._plan()[5]
+
+    def sums(self) -> np.ndarray:
+        """The four shifted sums (M, 4) at the sorted targets."""
+        from ..kernels import tree as _t
+
+        eT, eS, eP, dT, dS, _ = self._plan()
+        nnodes = self.tstart.shape[0]
+        order = np.argsort(eT, kind="stable")
+        eT, eS, eP = eT[order], eS[order], eP[order]
+        eptr = np.searchsorted(eT, np.arange(nnodes + 1)).astype(np.int64)
+        sizes = self.nmono[eP]
+        off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        A = np.empty((int(off[-1]), 4))
+        # the sources and targets transposed and padded to 3 rows (d = 2: a zero row), for unit-stride loops
+        YsT = np.zeros((3, self.Ys.shape[0]))
+        YsT[:self.Ys.shape[1]] = self.Ys.T
+        UtT = np.zeros((3, self.Ut.shape[0]))
+        UtT[:self.Ut.shape[1]] = self.Ut.T
+        _t.moments(eT, eS, eP, off, self.tc, YsT, self.ws, self.sstart, self.send, self.sc, self.sr, self.nmono,
+                   self.par, self.ax, self.inv, A)
+        first = 2 ** self.tdepth - 1
+        dorder = np.argsort(dT, kind="stable")
+        dT, dS = dT[dorder] - first, dS[dorder]
+        dptr = np.searchsorted(dT, np.arange(2 ** self.tdepth + 1)).astype(np.int64)
+        F = np.empty((self.Ut.shape[0], 4))
+        _t.evaluate(self.tdepth, self.tstart, self.tend, UtT, self.shift, self.tc, self.sr,
+                    self.sc, eptr, eS, eP, off, A, dptr, dS, self.sstart, self.send, YsT, self.ws, self.nmono,
+                    self.par, self.ax, F)
+        return F
+
+    def seconds(self) -> float:
+        st = self.stats
+        return float(st[0] / TREE_DIRECT_RATE + st[1] / TREE_TERM_RATE) + TREE_SETUP * (self.Ut.shape[0] + self.Ys.shape[0])
+
+
+def _tree_setup(ev, p: Targets) -> _TreeSetup:
+    got = ev.cache.get("tree")
+    if got is not None and got[0] is p:
+        return got[1]
+    setup = _TreeSetup(ev, p)
+    ev.cache["tree"] = (p, setup)
+    return setup
+
+
+@register
+class Tree(Method):
+    """The dual tree (:mod:`spherepde.kernels.tree`): target and source trees of balls, pairs of nodes
+    pruned, expanded (the coupling exp(<du, delta>) by its Taylor polynomial, with the Lagrange remainder
+    as the bound) or summed directly at the leaves. For concentrated point sets (tokens in clusters) whole
+    clusters interact through one expansion, O((N + M) P) instead of O(N M). d = 2 or 3, softmax
+    normalisation. |m_hat - m| <= (1 + sqrt 3) (eta + 64 eps) with eta = eta_e + eta_p + eta_round the
+    relative error of the sums; refuses every target where tol leaves no budget (the exponents' rounding
+    alone, ~16 eps kappa, exceeds it)."""
+
+    name = "tree"
+
+    @staticmethod
+    def available(ev) -> str | None:
+        if ev.model.dim not in TREE_PMAX:
+            return f"the dual tree is implemented for d = 2 and 3, not d = {ev.model.dim}"
+        if ev.model.normalization == "usa":
+            return "the dual tree's bound is relative to the softmax normaliser"
+        return None
+
+    def cost(self, ev, p):
+        if self.available(ev) is not None or p.U.shape[1] not in TREE_PMAX:
+            return math.inf
+        s = _tree_setup(ev, p)
+        return s.seconds() if s.ok else math.inf
+
+    def run(self, ev, p, out, info):
+        s = _tree_setup(ev, p)
+        if not s.ok:
+            info.note(self.name, p.M, 0.0, refused=p.M)
+            return np.ones(p.M, dtype=bool)
+        Fs = s.sums()
+        d = p.U.shape[1]
+        F = np.empty_like(Fs)
+        F[s.torder] = Fs
+        eta = s.eta_e + s.eta_p + s.eta_round
+        delta = eta / (1.0 - eta) * F[:, 0]
+        res = np.empty((p.M, d))
+        bad, bound = _accept(np.ascontiguousarray(F[:, :d + 1]), delta, ev.model.tol, res)
+        out[~bad] = res[~bad]
+        info.note(self.name, p.M, bound, refused=int(bad.sum()))
+        ev.cache.pop("tree", None)
+        return bad if bad.any() else None

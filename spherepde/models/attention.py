@@ -50,8 +50,9 @@ class Attention(Model):
         and "auto" ("direct" is exact to rounding).
     method : {"auto", "direct", "pruned", "spectral"}, default "auto"
         How the sums are evaluated; "auto" chooses by a cost model. The registry's methods can be named
-        too: "series" (the in-house series only), "fast_spectral" (the fast transforms only), and any
-        method registered with :func:`spherepde.evaluation.register`.
+        too: "series" (the in-house series only), "fast_spectral" (the fast transforms only), "tree" (the
+        dual tree, for tokens or densities in clusters), and any method registered with
+        :func:`spherepde.evaluation.register`.
     normalization : {"softmax", "usa"}, default "softmax"
         "softmax": m is the softmax mean below (the paper's). "usa": the unnormalised self-attention of
         Geshkovski et al. and Bruno et al., m(x) = sum_j w_j y_j e^{beta (<x, B y_j> - s_B)} with
@@ -108,10 +109,24 @@ class Attention(Model):
       relative to D) go first to the in-house series above where that is cheaper by a cost model
       (its rounding model is ~1e3 tighter, so it takes most of them), then to "pruned" or
       "direct". (Below that tol the transform error model cannot meet the bound.)
+    - ``"tree"`` (d = 2, 3): the dual tree of :mod:`spherepde.kernels.tree`. Targets (in u-space,
+      u = beta B^T x) and sources each in a binary tree of balls; for a target node (centre u0, radius
+      r_T) and a source node (centre c, radius r_S), exp(<u, y>) = exp(<u, c>) exp(<u0, y - c>)
+      exp(<u - u0, y - c>), and only the last factor, with |<u - u0, y - c>| <= rho = r_T r_S, couples
+      targets to sources: its Taylor polynomial of degree p turns the pair into source moments formed
+      once and evaluated at each target, with the Lagrange remainder rho^(p+1) e^(2 rho) / (p+1)! as a
+      relative bound of the pair's (positive) sums. Pairs whose exponent bound lies below eta_p / W of
+      the targets' lower bound of D are pruned; leaf pairs that no expansion serves are summed
+      directly. |m_hat - m| <= (1 + sqrt 3)(eta + 64 eps), eta the sums' relative error (expansions,
+      pruning, and the exponents' rounding ~3 kappa eps). Since the coupling is second order in the two
+      radii, a whole cluster of tokens meets another through one expansion: O((N + M) P) where the
+      pruned sums are O(N M). Refuses every target where tol leaves no budget after the rounding.
     - ``"auto"``: direct for N M <= 4e6. Where the fast spectral path is allowed (tol >= ~6e-11):
       the cheapest of direct, pruned and spectral by a CPU-time model. Otherwise pruned when kappa is
       large enough to prune (median kappa > 2 (log(N / 64 / tol) + 3)); else spectral when d = 3 and
-      L <= 64; else direct.
+      L <= 64; else direct. Where the guaranteed sums (direct or pruned, chosen or taking refused
+      targets) would cost more than 0.05 s and 3x the tree's set-up, the tree's traversal is planned
+      (counted, not run) and the tree is taken where its modelled cost is below half theirs.
     """
 
     B: np.ndarray

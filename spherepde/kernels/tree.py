@@ -1,0 +1,477 @@
+"""Numba kernels of the dual-tree method of the attention mean (:class:`spherepde.evaluation.methods.Tree`).
+
+The sums are D_i = sum_j w_j exp(<u_i, y_j>) and N_i = sum_j w_j y_j exp(<u_i, y_j>), u_i = beta B^T x_i
+(the kernel centre times its concentration kappa), over unit sources y_j. Targets (in u-space) and sources
+are each sorted into a complete binary tree of balls (centre, radius); heap numbering, node k has the
+children 2k + 1 and 2k + 2, the leaves are the last level.
+
+For a target node T (centre u0, radius r_T) and a source node S (centre c, radius r_S), with u = u0 + du,
+y = c + delta:
+
+    <u, y> = <u, c> + <u0, delta> + <du, delta>,
+
+so exp(<u, y>) = exp(<u, c>) exp(<u0, delta>) exp(<du, delta>), and only the last factor couples a target
+to a source. |<du, delta>| <= rho = r_T r_S, and its Taylor polynomial of degree p is, by the multinomial
+theorem, sum_{|a| <= p} du^a delta^a / a!: the pair's sums are the source moments
+
+    A_a = sum_j w_j exp(<u0, delta_j> - s) delta_j^a / a!   (and the same times y_j),
+
+formed once per pair, evaluated at each target as exp(<u, c> + s - shift_i) sum_a du^a A_a. The Lagrange
+remainder gives, for every term, |e^t - T_p(t)| <= rho^(p+1) / (p+1)! e^rho <= e^t rho^(p+1) e^(2 rho) /
+(p+1)!: a relative error of the pair's (positive) sums. That is the far field of a fast Gauss transform,
+with the coupling second order in the two radii, so that a whole cluster of tokens interacts with another
+through one expansion.
+
+A pair whose exponent is bounded above by log(eta_p W_S / W) + (a lower bound of log D_i for every target
+of T) is pruned: the pruned mass is <= eta_p D_i. Leaf pairs that no expansion serves are summed directly.
+"""
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+from .fastexp import fexp_ftz
+
+__all__ = ["node_balls", "leaf_lower_bounds", "traverse", "moments", "evaluate", "monomial_tables"]
+
+_FM = {"contract", "nsz", "arcp"}
+#: reductions vectorised (the sums' order changes, not their bound)
+_FMR = {"reassoc", "contract", "nsz", "arcp"}
+#: Points per block of the vectorised loops (the leaf size bounds a leaf's targets).
+_CH = 128
+
+
+def monomial_tables(d: int, pmax: int):
+    """Exponents of the monomials of degree <= pmax in d variables in graded order, with, for a != 0, the
+    index of a - e_k (k = the last axis where a_k > 0), k, and 1 / a_k; and the count with degree <= p."""
+    alphas = [tuple([0] * d)]
+    counts = [1]
+    for deg in range(1, pmax + 1):
+        # all compositions of deg into d parts, in a fixed (lexicographic) order
+        def rec(prefix, left, k):
+            if k == d - 1:
+                yield prefix + (left,)
+                return
+            for v in range(left, -1, -1):
+                yield from rec(prefix + (v,), left - v, k + 1)
+        alphas.extend(rec((), deg, 0))
+        counts.append(len(alphas))
+    index = {a: i for i, a in enumerate(alphas)}
+    P = len(alphas)
+    par = np.zeros(P, dtype=np.int64)
+    ax = np.zeros(P, dtype=np.int64)
+    inv = np.ones(P)
+    for i, a in enumerate(alphas[1:], start=1):
+        k = max(j for j in range(d) if a[j] > 0)
+        b = list(a)
+        b[k] -= 1
+        par[i], ax[i], inv[i] = index[tuple(b)], k, 1.0 / a[k]
+    return par, ax, inv, np.array(counts, dtype=np.int64)
+
+
+@nb.njit(cache=True)
+def node_balls(P, start, end):
+    """Centre (bounding-box midpoint) and radius (largest distance to the centre, widened by a rounding
+    margin) of each node's points P[start[k]:end[k]]."""
+    nn = start.shape[0]
+    d = P.shape[1]
+    C = np.zeros((nn, d))
+    R = np.zeros(nn)
+    lo = np.empty(d)
+    hi = np.empty(d)
+    for k in range(nn):
+        a, b = start[k], end[k]
+        for q in range(d):
+            lo[q] = np.inf
+            hi[q] = -np.inf
+        for j in range(a, b):
+            for q in range(d):
+                v = P[j, q]
+                if v < lo[q]:
+                    lo[q] = v
+                if v > hi[q]:
+                    hi[q] = v
+        for q in range(d):
+            C[k, q] = 0.5 * (lo[q] + hi[q]) if b > a else 0.0
+        r2 = 0.0
+        for j in range(a, b):
+            s = 0.0
+            for q in range(d):
+                t = P[j, q] - C[k, q]
+                s += t * t
+            if s > r2:
+                r2 = s
+        nc = 0.0
+        for q in range(d):
+            nc += C[k, q] * C[k, q]
+        R[k] = math.sqrt(r2) * (1.0 + 1e-12) + 1e-14 * (1.0 + math.sqrt(nc))
+    return C, R
+
+
+@nb.njit(inline="always")
+def _dot(A, i, B, j, d):
+    s = 0.0
+    for q in range(d):
+        s += A[i, q] * B[j, q]
+    return s
+
+
+@nb.njit(inline="always")
+def _norm(A, i, d):
+    s = 0.0
+    for q in range(d):
+        s += A[i, q] * A[i, q]
+    return math.sqrt(s)
+
+
+@nb.njit(parallel=True, cache=True)
+def leaf_lower_bounds(tc, tr, t0, nt, sc, sr, slogw, s0, ns, out, gap):
+    """out[a] = max over the source leaves S of log W_S + (the smallest exponent <u, y> over the target
+    leaf t0 + a and S): a lower bound of log D_i for every target of that leaf; gap[a] = max over S of
+    log W_S + (the largest exponent) minus out[a] (how far above the bound a term's exponent can lie)."""
+    d = tc.shape[1]
+    for a in nb.prange(nt):
+        T = t0 + a
+        nu = _norm(tc, T, d)
+        best = -np.inf
+        top = -np.inf
+        for b in range(ns):
+            S = s0 + b
+            if slogw[S] == -np.inf:
+                continue
+            dot = _dot(tc, T, sc, S, d)
+            wid = nu * sr[S] + tr[T] * (_norm(sc, S, d) + sr[S])
+            v = slogw[S] + dot - wid
+            if v > best:
+                best = v
+            v = slogw[S] + dot + wid
+            if v > top:
+                top = v
+        out[a] = best
+        gap[a] = top - best
+
+
+@nb.njit(cache=True)
+def _grow(a, n):
+    b = np.empty(max(2 * a.shape[0], n), dtype=a.dtype)
+    b[:a.shape[0]] = a
+    return b
+
+
+#: The cost of an expansion term (a source or target times a monomial) in units of a directly summed
+#: target-source product (measured: ~2e9 terms and ~5e8 products per second on 2 threads).
+_TERM = 0.25
+
+
+@nb.njit(inline="always")
+def _exp_cost(nT, nS, rho, rho_max, nmono):
+    """The cost of expanding a pair (in direct products), inf where no degree serves rho."""
+    for q in range(rho_max.shape[0]):
+        if rho <= rho_max[q]:
+            return (nS + nT) * float(nmono[q]) * _TERM
+    return np.inf
+
+
+@nb.njit(cache=True)
+def traverse(tdepth, tstart, tend, tc, tr, lbmin, sdepth, sstart, send, sc, sr, slogw, log_prune, rho_max, nmono):
+    """The dual-tree traversal from the pair of roots (serial: it only decides). Returns the expansions
+    (T, S, p), the leaf pairs to sum directly (T, S), and the stats (target-source products summed
+    directly, expansion terms (sources + targets) x monomials, pairs pruned, pairs expanded).
+
+    A pair is pruned where the exponent's upper bound over it is <= the targets' lower bound of log D
+    plus ``log_prune`` (= log(eta_p / W)); expanded at the smallest degree p with r_T r_S <= rho_max[p]
+    where that costs less than the direct sums and less than splitting either node once (its two
+    children's pairs expanded, or summed directly at leaves: a one-level look-ahead, since a split lowers
+    the degree); summed directly at two leaves; else the node whose radius loosens the bound more is
+    split."""
+    d = tc.shape[1]
+    pmax = rho_max.shape[0] - 1
+    tfirst_leaf = (1 << tdepth) - 1
+    sfirst_leaf = (1 << sdepth) - 1
+    stackT = np.empty(4 * (tdepth + sdepth + 4), dtype=np.int64)
+    stackS = np.empty(4 * (tdepth + sdepth + 4), dtype=np.int64)
+    eT = np.empty(1024, dtype=np.int64)
+    eS = np.empty(1024, dtype=np.int64)
+    eP = np.empty(1024, dtype=np.int64)
+    dT = np.empty(1024, dtype=np.int64)
+    dS = np.empty(1024, dtype=np.int64)
+    ne = 0
+    nd = 0
+    stats = np.zeros(4)
+    stackT[0] = 0
+    stackS[0] = 0
+    sp = 1
+    while sp > 0:
+        sp -= 1
+        T = stackT[sp]
+        S = stackS[sp]
+        if slogw[S] == -np.inf or tend[T] <= tstart[T]:
+            continue
+        nu = _norm(tc, T, d)
+        ncs = _norm(sc, S, d)
+        up = _dot(tc, T, sc, S, d) + nu * sr[S] + tr[T] * (ncs + sr[S])
+        if up <= lbmin[T] + log_prune:
+            stats[2] += 1.0
+            continue
+        nT = float(tend[T] - tstart[T])
+        nS = float(send[S] - sstart[S])
+        tleaf = T >= tfirst_leaf
+        sleaf = S >= sfirst_leaf
+        direct_cost = nT * nS
+        exp_cost = _exp_cost(nT, nS, tr[T] * sr[S], rho_max, nmono)
+        if exp_cost < direct_cost:
+            # one level of look-ahead: expand now unless splitting one side (its children expanded, or
+            # summed directly where cheaper) is expected to cost less
+            split = np.inf
+            if not sleaf:
+                c = 0.0
+                for S2 in (2 * S + 1, 2 * S + 2):
+                    n2 = float(send[S2] - sstart[S2])
+                    c += min(_exp_cost(nT, n2, tr[T] * sr[S2], rho_max, nmono), nT * n2 if tleaf and S2 >= sfirst_leaf else np.inf)
+                split = min(split, c)
+            if not tleaf:
+                c = 0.0
+                for T2 in (2 * T + 1, 2 * T + 2):
+                    n2 = float(tend[T2] - tstart[T2])
+                    c += min(_exp_cost(n2, nS, tr[T2] * sr[S], rho_max, nmono), n2 * nS if sleaf and T2 >= tfirst_leaf else np.inf)
+                split = min(split, c)
+            if exp_cost <= split:
+                p = 0
+                rho = tr[T] * sr[S]
+                while rho > rho_max[p]:
+                    p += 1
+                if ne == eT.shape[0]:
+                    eT = _grow(eT, ne + 1)
+                    eS = _grow(eS, ne + 1)
+                    eP = _grow(eP, ne + 1)
+                eT[ne] = T
+                eS[ne] = S
+                eP[ne] = p
+                ne += 1
+                stats[1] += (nS + nT) * float(nmono[p])
+                stats[3] += 1.0
+                continue
+        if tleaf and sleaf:
+            if nd == dT.shape[0]:
+                dT = _grow(dT, nd + 1)
+                dS = _grow(dS, nd + 1)
+            dT[nd] = T
+            dS[nd] = S
+            nd += 1
+            stats[0] += direct_cost
+            continue
+        # split the node whose radius loosens the exponent's bound more
+        if (not tleaf) and (sleaf or tr[T] * ncs >= nu * sr[S]):
+            stackT[sp] = 2 * T + 1
+            stackS[sp] = S
+            stackT[sp + 1] = 2 * T + 2
+            stackS[sp + 1] = S
+        else:
+            stackT[sp] = T
+            stackS[sp] = 2 * S + 1
+            stackT[sp + 1] = T
+            stackS[sp + 1] = 2 * S + 2
+        sp += 2
+    return eT[:ne].copy(), eS[:ne].copy(), eP[:ne].copy(), dT[:nd].copy(), dS[:nd].copy(), stats
+
+
+@nb.njit(parallel=True, fastmath=_FMR, cache=True)
+def moments(eT, eS, eP, off, tc, YsT, ws, sstart, send, sc, sr, nmono, par, ax, inv, A):
+    """The source moments of every expansion: A[off[e] + a, k] = sum_j w_j exp(<u0, delta_j> - s) delta_j^a / a!
+    (k = 0) and the same times y_j[k - 1] (k = 1..3), u0 the target node's centre, delta_j = y_j - c_S,
+    s = |u0| r_S (>= every <u0, delta_j>: no overflow). Parallel over the expansions."""
+    d = tc.shape[1]
+    for e in nb.prange(eT.shape[0]):
+        T, S, p = eT[e], eS[e], eP[e]
+        P = nmono[p]
+        o = off[e]
+        nu = _norm(tc, T, d)
+        s_shift = nu * sr[S]
+        mono = np.empty((P, _CH))
+        dl = np.empty((d, _CH))
+        y = np.zeros((3, _CH))
+        for a in range(P):
+            for k in range(4):
+                A[o + a, k] = 0.0
+        for j0 in range(sstart[S], send[S], _CH):
+            n = min(_CH, send[S] - j0)
+            for jj in range(n):
+                t = 0.0
+                for q in range(d):
+                    v = YsT[q, j0 + jj] - sc[S, q]
+                    dl[q, jj] = v
+                    t += tc[T, q] * v
+                mono[0, jj] = ws[j0 + jj] * fexp_ftz(t - s_shift)
+            for q in range(3):
+                for jj in range(n):
+                    y[q, jj] = YsT[q, j0 + jj]
+            for a in range(1, P):
+                pa, k, c = par[a], ax[a], inv[a]
+                for jj in range(n):
+                    mono[a, jj] = mono[pa, jj] * dl[k, jj] * c
+            for a in range(P):
+                s0 = 0.0
+                s1 = 0.0
+                s2 = 0.0
+                s3 = 0.0
+                for jj in range(n):
+                    m = mono[a, jj]
+                    s0 += m
+                    s1 += m * y[0, jj]
+                    s2 += m * y[1, jj]
+                    s3 += m * y[2, jj]
+                A[o + a, 0] += s0
+                A[o + a, 1] += s1
+                A[o + a, 2] += s2
+                A[o + a, 3] += s3
+
+
+@nb.njit(parallel=True, fastmath=_FMR, cache=True)
+def evaluate(tdepth, tstart, tend, UtT, shift, tc, sr, sc, eptr, eS, eP, off, A, dptr, dS, sstart, send, YsT, ws,
+             nmono, par, ax, F):
+    """F[i] = the shifted sums at every target, parallel over the target leaves: each leaf takes the
+    expansions of its ancestors (and its own) and its direct leaf pairs. ``eptr``/``dptr``: CSR pointers by
+    target node into the expansions (sorted by T) and by target leaf into the direct pairs."""
+    d = tc.shape[1]
+    first = (1 << tdepth) - 1
+    nleaf = 1 << tdepth
+    for l in nb.prange(nleaf):
+        leaf = first + l
+        i0, i1 = tstart[leaf], tend[leaf]
+        n = i1 - i0
+        if n <= 0:
+            continue
+        Pmax = nmono[nmono.shape[0] - 1]
+        mono = np.empty((Pmax, _CH))
+        du = np.empty((d, _CH))
+        fac = np.empty(_CH)
+        acc = np.zeros((4, _CH))
+        tmp = np.empty((4, _CH))
+        u = np.zeros((3, _CH))
+        sh = np.empty(_CH)
+        for q in range(d):
+            for ii in range(n):
+                u[q, ii] = UtT[q, i0 + ii]
+        for ii in range(n):
+            sh[ii] = shift[i0 + ii]
+        T = leaf
+        while True:
+            for e in range(eptr[T], eptr[T + 1]):
+                S, p = eS[e], eP[e]
+                P = nmono[p]
+                o = off[e]
+                s_shift = _norm(tc, T, d) * sr[S]
+                for ii in range(n):
+                    t = 0.0
+                    for q in range(d):
+                        du[q, ii] = u[q, ii] - tc[T, q]
+                        t += u[q, ii] * sc[S, q]
+                    fac[ii] = fexp_ftz(t + s_shift - sh[ii])
+                    mono[0, ii] = 1.0
+                for a in range(1, P):
+                    pa, k = par[a], ax[a]
+                    for ii in range(n):
+                        mono[a, ii] = mono[pa, ii] * du[k, ii]
+                for k in range(4):
+                    for ii in range(n):
+                        tmp[k, ii] = 0.0
+                for a in range(P - 1, -1, -1):  # highest degree first: each rounding relative to a small tail
+                    c0, c1, c2, c3 = A[o + a, 0], A[o + a, 1], A[o + a, 2], A[o + a, 3]
+                    for ii in range(n):
+                        m = mono[a, ii]
+                        tmp[0, ii] += m * c0
+                        tmp[1, ii] += m * c1
+                        tmp[2, ii] += m * c2
+                        tmp[3, ii] += m * c3
+                for k in range(4):
+                    for ii in range(n):
+                        acc[k, ii] += fac[ii] * tmp[k, ii]
+            if T == 0:
+                break
+            T = (T - 1) // 2
+        Y0, Y1, Y2 = YsT[0], YsT[1], YsT[2]
+        for e in range(dptr[l], dptr[l + 1]):
+            S = dS[e]
+            j0, j1 = sstart[S], send[S]
+            for ii in range(n):
+                u0, u1, u2, h = u[0, ii], u[1, ii], u[2, ii], sh[ii]
+                s0 = 0.0
+                s1 = 0.0
+                s2 = 0.0
+                s3 = 0.0
+                for j in range(j0, j1):
+                    g = ws[j] * fexp_ftz(u0 * Y0[j] + u1 * Y1[j] + u2 * Y2[j] - h)
+                    s0 += g
+                    s1 += g * Y0[j]
+                    s2 += g * Y1[j]
+                    s3 += g * Y2[j]
+                acc[0, ii] += s0
+                acc[1, ii] += s1
+                acc[2, ii] += s2
+                acc[3, ii] += s3
+        for k in range(4):
+            for ii in range(n):
+                F[i0 + ii, k] = acc[k, ii]
+
+
+@nb.njit(cache=True)
+def _select(idx, key, a, b, kth):
+    """Reorder idx[a:b] so that key[idx[kth]] is the (kth - a)-th smallest, smaller keys before it and
+    larger after (Hoare quickselect, median-of-three pivots)."""
+    lo, hi = a, b - 1
+    while hi > lo:
+        mid = (lo + hi) // 2
+        x, y, z = key[idx[lo]], key[idx[mid]], key[idx[hi]]
+        piv = max(min(x, y), min(max(x, y), z))
+        i, j = lo, hi
+        while i <= j:
+            while key[idx[i]] < piv:
+                i += 1
+            while key[idx[j]] > piv:
+                j -= 1
+            if i <= j:
+                t = idx[i]
+                idx[i] = idx[j]
+                idx[j] = t
+                i += 1
+                j -= 1
+        if kth <= j:
+            hi = j
+        elif kth >= i:
+            lo = i
+        else:
+            return
+
+
+@nb.njit(cache=True)
+def balanced_tree(P, depth):
+    """Complete binary tree of recursive median bisection of the points P (n, d), each node split along
+    its coordinate of largest spread: (order, start, end), nodes in heap order."""
+    n, d = P.shape
+    order = np.arange(n)
+    nn = (1 << (depth + 1)) - 1
+    start = np.zeros(nn, dtype=np.int64)
+    end = np.zeros(nn, dtype=np.int64)
+    end[0] = n
+    key = np.empty(n)
+    for k in range((1 << depth) - 1):
+        a, b = start[k], end[k]
+        half = (b - a) // 2
+        if b - a >= 2:
+            best, axis = -1.0, 0
+            for q in range(d):
+                lo, hi = np.inf, -np.inf
+                for j in range(a, b):
+                    v = P[order[j], q]
+                    lo = min(lo, v)
+                    hi = max(hi, v)
+                if hi - lo > best:
+                    best, axis = hi - lo, q
+            for j in range(a, b):
+                key[order[j]] = P[order[j], axis]
+            _select(order, key, a, b, a + half)
+        start[2 * k + 1], end[2 * k + 1] = a, a + half
+        start[2 * k + 2], end[2 * k + 2] = a + half, b
+    return order, start, end
