@@ -7,6 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from validation import criteria as C  # noqa: E402
 
@@ -35,3 +38,38 @@ def test_token_ensembles_quick_mode_reproduces_fig4_tokens(tmp_path, monkeypatch
     assert len(crits) == 3 and all(c["pass"] for c in crits), crits
     assert res["fig4_match"] is not None and res["fig4_match"] <= 1e-9
     assert [p["n"] for p in res["per_n"]] == [100, 200] and all(p["seeds"] == 3 for p in res["per_n"])
+
+
+def test_token_ensembles_large_runs_go_in_chunks_and_resume(tmp_path, monkeypatch):
+    """The runs of n >= CHUNKED_FROM tokens (the n = 1e5 ones, an hour or more each) write their state after
+    every chunk and resume from it: a run killed after its first chunk, run again, gives the record of
+    a run never killed (the same chunks, so to the last bit), and the alignments cover every saved time."""
+    mod = C.load_study("token_ensembles")
+    monkeypatch.setattr(mod, "CHUNKED_FROM", 50)
+    monkeypatch.setattr(mod, "CHUNK", 0.5)
+    whole = mod.one_run(60, 1, 1.0, tmp_path / "a", tol=1e-10)
+    assert len(whole["align_E"]) == len(whole["times"]) == 5 and whole["tol"] == 1e-10
+
+    real, calls = mod.simulate_particles, []
+
+    def dies_second_time(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # killed during the second chunk
+        return real(*a, **k)
+
+    monkeypatch.setattr(mod, "simulate_particles", dies_second_time)
+    with pytest.raises(KeyboardInterrupt):
+        mod.one_run(60, 1, 1.0, tmp_path / "b", tol=1e-10)
+    part = tmp_path / "b" / "n60_s1_T1_tol1e-10.part.npz"
+    assert part.exists() and float(np.load(part)["t"]) == 0.5
+    rerun = []
+
+    def counted(*a, **k):
+        rerun.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(mod, "simulate_particles", counted)
+    again = mod.one_run(60, 1, 1.0, tmp_path / "b", tol=1e-10)
+    assert len(rerun) == 1  # only the second chunk is run again
+    assert again["align_E"] == whole["align_E"] and again["align_F"] == whole["align_F"]

@@ -21,8 +21,9 @@ runs of seeds 0-4 give fig4_concentration's 200-token t_EF and t_exit (the same 
 run by another script: the same times to 1e-9, where they occur by fig4's T = 20); mean t_exit
 increases with n (full mode only: in the quick mode three seeds leave the trend within the spread).
 
-Usage: python validation/token_ensembles/run.py [--quick] [--ns 200 1000 10000] [--seeds 20]
-[--seeds-large K] (the number of seeds at n >= 1e4). Each run is cached in runs/n{n}_s{seed}.json (not
+Usage: python validation/token_ensembles/run.py [--quick] [--ns 200 1000 10000 100000] [--seeds 20]
+[--seeds-large K] (the number of seeds at n >= 1e4) [--seeds-huge K --tol 1e-10] (at n >= 1e5: the seeds,
+and the field's tolerance; such runs go in resumable chunks, see CHUNKED_FROM). Each run is cached in runs/n{n}_s{seed}.json (not
 committed), so the study resumes where it stopped. Writes results.json, results.md and
 token_ensembles.png beside this file (quick: *_quick.*, n = 100 and 200 with 3 seeds to T = 20).
 """
@@ -52,25 +53,66 @@ DT_SAVE = 0.25
 NS = (200, 1000, 10000)
 SEEDS = 20
 SEEDS_LARGE = 20
+SEEDS_HUGE = 3
 QUICK = {"ns": (100, 200), "seeds": 3, "T": 20.0}
 FIG4 = HERE.parent / "fig4_concentration" / "results.json"  # its 200-token runs (seeds 0-4, T = 20)
 
 
-def one_run(n: int, seed: int, t_end: float, cache: Path) -> dict:
-    path = cache / f"n{n}_s{seed}_T{t_end:g}.json"
+#: From this many tokens a run goes in chunks of CHUNK time units, each chunk's end state written to
+#: runs/*.part.npz: a killed run resumes from its last chunk (an n = 1e5 run takes an hour or more). The
+#: dynamics is autonomous, so a chunk restarts at its end state; its step sizes are dt computed afresh
+#: from 0 (the last bits of h may differ from the unchunked run's k dt differences), so a chunked run is
+#: Algorithm 1 to rounding, not bit for bit the unchunked one.
+CHUNKED_FROM = 100_000
+CHUNK = 2.5
+
+
+def _cache_name(n: int, seed: int, t_end: float, tol: float | None) -> str:
+    return f"n{n}_s{seed}_T{t_end:g}" + ("" if tol is None else f"_tol{tol:g}")
+
+
+def one_run(n: int, seed: int, t_end: float, cache: Path, tol: float | None = None) -> dict:
+    """Algorithm 1 for one (n, seed), cached in ``cache``; ``tol``: the field's certified tolerance (None:
+    the model's default, 1e-12)."""
+    path = cache / (_cache_name(n, seed, t_end, tol) + ".json")
     if path.exists():
         return json.loads(path.read_text())
     save = np.round(np.arange(0.0, t_end + 1e-9, DT_SAVE), 10)
     x0 = sample_uniform(n, 3, rng=np.random.default_rng(seed))
-    t0 = time.perf_counter()
-    pr = simulate_particles(Attention(B, V, BETA), x0, t_end, DT, save_at=save)
-    wall = time.perf_counter() - t0
+    model = Attention(B, V, BETA) if tol is None else Attention(B, V, BETA, tol=tol)
     sd, w = spectral_data(B, V), np.full(n, 1.0 / n)
-    aE = [alignment(X, w, sd.E) for X in pr.positions]
-    aF = [alignment(X, w, sd.F) for X in pr.positions]
+    if n < CHUNKED_FROM:
+        t0 = time.perf_counter()
+        pr = simulate_particles(model, x0, t_end, DT, save_at=save)
+        wall = time.perf_counter() - t0
+        aE = [alignment(X, w, sd.E) for X in pr.positions]
+        aF = [alignment(X, w, sd.F) for X in pr.positions]
+    else:
+        part = cache / (_cache_name(n, seed, t_end, tol) + ".part.npz")
+        t_done, x, aE, aF, wall = 0.0, x0, [alignment(x0, w, sd.E)], [alignment(x0, w, sd.F)], 0.0
+        if part.exists():
+            z = np.load(part)
+            t_done, x, aE, aF, wall = float(z["t"]), z["x"], list(z["aE"]), list(z["aF"]), float(z["wall"])
+            print(f"n {n} seed {seed}: resumed at t = {t_done:g}", flush=True)
+        while t_done < t_end - 1e-9:
+            span = min(CHUNK, t_end - t_done)
+            sv = np.round(np.arange(0.0, span + 1e-9, DT_SAVE), 10)
+            t0 = time.perf_counter()
+            pr = simulate_particles(model, x, span, DT, save_at=sv)
+            wall += time.perf_counter() - t0
+            x = pr.positions[-1]
+            aE += [alignment(X, w, sd.E) for X in pr.positions[1:]]
+            aF += [alignment(X, w, sd.F) for X in pr.positions[1:]]
+            t_done = float(np.round(t_done + span, 10))
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = part.with_suffix(".tmp.npz")
+            np.savez(tmp, t=t_done, x=x, aE=aE, aF=aF, wall=wall)
+            tmp.replace(part)  # atomic: a kill leaves the previous chunk's state
+            print(f"n {n} seed {seed}: t = {t_done:g}, align_E {aE[-1]:.3f}, align_F {aF[-1]:.3f} "
+                  f"({wall:.0f} s, methods {', '.join(pr.field_methods)})", flush=True)
     rec = {"n": n, "seed": seed, "T": t_end, "times": save.tolist(), "align_E": aE, "align_F": aF,
            "t_exit": exit_time(save, aE), "t_EF": transition_time(save, aE, aF), "max_align_E": max(aE),
-           "wall_s": wall}
+           "wall_s": wall, "tol": model.tol}
     cache.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rec))
     return rec
@@ -217,6 +259,10 @@ def main(argv=None):
     ap.add_argument("--ns", type=int, nargs="+")
     ap.add_argument("--seeds", type=int, default=SEEDS)
     ap.add_argument("--seeds-large", type=int, default=SEEDS_LARGE, help="seeds at n >= 1e4")
+    ap.add_argument("--seeds-huge", type=int, default=SEEDS_HUGE, help="seeds at n >= 1e5")
+    ap.add_argument("--tol", type=float, default=None,
+                    help="the field's certified tolerance at n >= 1e5 (default: the model's, 1e-12; 1e-10 lets "
+                         "the near-uniform phase use the fast transforms, 0.1 s a step against 2.3 s)")
     a = ap.parse_args(argv)
     ns = a.ns or (QUICK["ns"] if a.quick else NS)
     seeds = QUICK["seeds"] if a.quick else a.seeds
@@ -226,8 +272,8 @@ def main(argv=None):
     t0 = time.perf_counter()
     recs = []
     for n in ns:
-        for s in range(seeds if n < 10_000 else a.seeds_large):
-            r = one_run(n, s, t_end, cache)
+        for s in range(seeds if n < 10_000 else a.seeds_large if n < CHUNKED_FROM else a.seeds_huge):
+            r = one_run(n, s, t_end, cache, a.tol if n >= CHUNKED_FROM else None)
             print(f"n {n} seed {s}: t_exit {f2(r['t_exit'])}, t_EF {f2(r['t_EF'])} ({r['wall_s']:.1f} s)", flush=True)
             recs.append(r)
     res = analyse(recs, ns)
