@@ -167,3 +167,16 @@ def test_tree_is_refused_where_it_cannot_serve():
     m, info = model.mean_field(x, x, w, return_info=True)
     assert info.chain[0] == ("tree", 2000, 2000) and info.chain[-1][2] == 0
     assert np.abs(m - _twin(x, x, w, P, 1e3)).max() <= 1e-13
+
+
+def test_tree_refuses_where_a_term_could_overflow():
+    """beta 2e4 on spread-out tokens: a leaf's terms may lie ~1e3 above its shift, where exp overflows; the
+    tree refuses (no inf, no NaN) and the pruned sums take every target, within tol of the direct ones."""
+    rng = np.random.default_rng(8)
+    x = sp.sample_uniform(3000, 3, rng=3)
+    w = np.full(3000, 1 / 3000)
+    model = sp.Attention(P, V, 2e4, tol=1e-8, method="tree")
+    m, info = model.mean_field(x, x, w, return_info=True)
+    assert info.chain[0] == ("tree", 3000, 3000) and info.chain[-1][2] == 0
+    sel = rng.choice(3000, 200, replace=False)
+    assert np.abs(m[sel] - _twin(x[sel], x, w, P, 2e4)).max() <= 1e-8

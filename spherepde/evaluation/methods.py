@@ -678,7 +678,9 @@ class _TreeSetup:
         kmax = float(p.kappa.max())
         self.eta_round = (3.0 * kmax + max(64.0, float(gap.max()))) * _EPS + 3.3e-14
         budget = 0.9 * tol / (1.0 + math.sqrt(3.0)) - 64.0 * _EPS - self.eta_round
-        self.ok = budget > 0.0
+        # a term may lie up to the gap above the shift: beyond ~600 its exp would overflow (beta in the
+        # thousands with wide leaves); the tree then refuses, and the pruned sums (log domain) take over
+        self.ok = budget > 0.0 and float(gap.max()) < 600.0
         # the pruning threshold enters through its log only: a tenth of the budget costs it little
         self.eta_e, self.eta_p = 0.8 * max(budget, 0.0), 0.1 * max(budget, 0.0)
         self.pmax = TREE_PMAX[d]
