@@ -174,6 +174,18 @@ def _exp_cost(nT, nS, rho, rho_max, nmono):
     return np.inf
 
 
+@nb.njit(inline="always")
+def _split_cost(k, start, end, rad, first_leaf, n_other, r_other, other_leaf, rho_max, nmono):
+    """The modelled cost of splitting node k against a node of n_other points and radius r_other: each
+    child's pair expanded, or summed directly where both are leaves and that is cheaper."""
+    c = 0.0
+    for k2 in (2 * k + 1, 2 * k + 2):
+        n2 = float(end[k2] - start[k2])
+        direct = n_other * n2 if other_leaf and k2 >= first_leaf else np.inf
+        c += min(_exp_cost(n_other, n2, r_other * rad[k2], rho_max, nmono), direct)
+    return c
+
+
 @nb.njit(cache=True)
 def traverse(tdepth, tstart, tend, tc, tr, lbmin, sdepth, sstart, send, sc, sr, slogw, log_prune, rho_max, nmono):
     """The dual-tree traversal from the pair of roots (serial: it only decides). Returns the expansions
@@ -226,17 +238,9 @@ def traverse(tdepth, tstart, tend, tc, tr, lbmin, sdepth, sstart, send, sc, sr, 
             # summed directly where cheaper) is expected to cost less
             split = np.inf
             if not sleaf:
-                c = 0.0
-                for S2 in (2 * S + 1, 2 * S + 2):
-                    n2 = float(send[S2] - sstart[S2])
-                    c += min(_exp_cost(nT, n2, tr[T] * sr[S2], rho_max, nmono), nT * n2 if tleaf and S2 >= sfirst_leaf else np.inf)
-                split = min(split, c)
+                split = _split_cost(S, sstart, send, sr, sfirst_leaf, nT, tr[T], tleaf, rho_max, nmono)
             if not tleaf:
-                c = 0.0
-                for T2 in (2 * T + 1, 2 * T + 2):
-                    n2 = float(tend[T2] - tstart[T2])
-                    c += min(_exp_cost(n2, nS, tr[T2] * sr[S], rho_max, nmono), n2 * nS if sleaf and T2 >= tfirst_leaf else np.inf)
-                split = min(split, c)
+                split = min(split, _split_cost(T, tstart, tend, tr, tfirst_leaf, nS, sr[S], sleaf, rho_max, nmono))
             if exp_cost <= split:
                 p = 0
                 rho = tr[T] * sr[S]
