@@ -43,6 +43,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 from spherepde import Attention, alignment, sample_uniform, simulate_particles, spectral_data  # noqa: E402
 from spherepde.diagnostics import exit_time, transition_time  # noqa: E402
 from validation import criteria as C  # noqa: E402
+from validation import datafile  # noqa: E402
 
 B = np.diag([-1.0, -1.0, 1.0])
 V = np.diag([-1.0, 1.0, -2.0])
@@ -59,12 +60,20 @@ FIG4 = HERE.parent / "fig4_concentration" / "results.json"  # its 200-token runs
 
 
 #: From this many tokens a run goes in chunks of CHUNK time units, each chunk's end state written to
-#: runs/*.part.npz: a killed run resumes from its last chunk (an n = 1e5 run takes an hour or more). The
+#: runs/*.part.nc (validation.datafile: NetCDF4/CF): a killed run resumes from its last chunk (an n = 1e5 run takes an hour or more). The
 #: dynamics is autonomous, so a chunk restarts at its end state; its step sizes are dt computed afresh
 #: from 0 (the last bits of h may differ from the unchunked run's k dt differences), so a chunked run is
 #: Algorithm 1 to rounding, not bit for bit the unchunked one.
 CHUNKED_FROM = 100_000
 CHUNK = 2.5
+#: The schema of a chunked run's state file.
+PART_SCHEMA = {
+    "t": ((), "time reached", "1"),
+    "x": (("token", "component"), "token positions at time t (unit vectors)", "1"),
+    "align_E": (("saved",), "align_E at the saved times 0, 0.25, ..., t", "1"),
+    "align_F": (("saved",), "align_F at the saved times 0, 0.25, ..., t", "1"),
+    "wall": ((), "wall time of the chunks so far", "s"),
+}
 
 
 def _cache_name(n: int, seed: int, t_end: float, tol: float | None) -> str:
@@ -88,11 +97,12 @@ def one_run(n: int, seed: int, t_end: float, cache: Path, tol: float | None = No
         aE = [alignment(X, w, sd.E) for X in pr.positions]
         aF = [alignment(X, w, sd.F) for X in pr.positions]
     else:
-        part = cache / (_cache_name(n, seed, t_end, tol) + ".part.npz")
+        part = cache / (_cache_name(n, seed, t_end, tol) + ".part.nc")
         t_done, x, aE, aF, wall = 0.0, x0, [alignment(x0, w, sd.E)], [alignment(x0, w, sd.F)], 0.0
         if part.exists():
-            z = np.load(part)
-            t_done, x, aE, aF, wall = float(z["t"]), z["x"], list(z["aE"]), list(z["aF"]), float(z["wall"])
+            z = datafile.load(part)
+            t_done, x, wall = float(z["t"]), np.asarray(z["x"]), float(z["wall"])
+            aE, aF = [float(v) for v in z["align_E"]], [float(v) for v in z["align_F"]]
             print(f"n {n} seed {seed}: resumed at t = {t_done:g}", flush=True)
         while t_done < t_end - 1e-9:
             span = min(CHUNK, t_end - t_done)
@@ -105,8 +115,9 @@ def one_run(n: int, seed: int, t_end: float, cache: Path, tol: float | None = No
             aF += [alignment(X, w, sd.F) for X in pr.positions[1:]]
             t_done = float(np.round(t_done + span, 10))
             cache.mkdir(parents=True, exist_ok=True)
-            tmp = part.with_suffix(".tmp.npz")
-            np.savez(tmp, t=t_done, x=x, aE=aE, aF=aF, wall=wall)
+            tmp = part.with_suffix(".tmp.nc")
+            datafile.save(tmp, {"t": t_done, "x": x, "align_E": np.array(aE), "align_F": np.array(aF), "wall": wall},
+                          PART_SCHEMA, f"token_ensembles: state of the chunked run n = {n}, seed {seed}")
             tmp.replace(part)  # atomic: a kill leaves the previous chunk's state
             print(f"n {n} seed {seed}: t = {t_done:g}, align_E {aE[-1]:.3f}, align_F {aF[-1]:.3f} "
                   f"({wall:.0f} s, methods {', '.join(pr.field_methods)})", flush=True)
