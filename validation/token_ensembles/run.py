@@ -1,6 +1,6 @@
-"""Token ensembles (issue #17 item 4): Algorithm 1 at n = 200 (the paper's), 1e3 and 1e4 tokens, many
-seeds each: the distributions of the end of the E-phase t_exit and of the E-to-F transition t_EF
-against n.
+"""Token ensembles (issue #17 item 4): Algorithm 1 at n = 200 (the paper's), 1e3, 1e4 and 1e5 tokens,
+many seeds each (a few at 1e5): the distributions of the end of the E-phase t_exit and of the E-to-F
+transition t_EF against n.
 
 Setting: the paper's (beta = 100, B = diag(-1,-1,1), V = diag(-1,1,-2), so E = span e1, F = span e2),
 Algorithm 1 (explicit Euler, dt = 0.01: ``simulate_particles(..., dt=0.01)``, the softmax over the tokens
@@ -22,10 +22,11 @@ run by another script: the same times to 1e-9, where they occur by fig4's T = 20
 increases with n (full mode only: in the quick mode three seeds leave the trend within the spread).
 
 Usage: python validation/token_ensembles/run.py [--quick] [--ns 200 1000 10000 100000] [--seeds 20]
-[--seeds-large K] (the number of seeds at n >= 1e4) [--seeds-huge K --tol 1e-10] (at n >= 1e5: the seeds,
-and the field's tolerance; such runs go in resumable chunks, see CHUNKED_FROM). Each run is cached in runs/n{n}_s{seed}.json (not
-committed), so the study resumes where it stopped. Writes results.json, results.md and
-token_ensembles.png beside this file (quick: *_quick.*, n = 100 and 200 with 3 seeds to T = 20).
+[--seeds-large K] (the number of seeds at n >= 1e4) [--seeds-huge 4 --tol 1e-10] (at n >= 1e5: the seeds,
+and the field's tolerance; such runs go in resumable chunks, see CHUNKED_FROM). Each run is cached in
+runs/n{n}_s{seed}_T{T}[_tol{tol}].json (not committed), so the study resumes where it stopped. Writes
+results.json, results.md and token_ensembles.png beside this file (quick: *_quick.*, n = 100 and 200
+with 3 seeds to T = 20).
 """
 from __future__ import annotations
 
@@ -51,19 +52,23 @@ BETA = 100.0
 DT = 0.01
 T_END = 30.0
 DT_SAVE = 0.25
-NS = (200, 1000, 10000)
+NS = (200, 1000, 10000, 100000)
 SEEDS = 20
 SEEDS_LARGE = 20
-SEEDS_HUGE = 3
+SEEDS_HUGE = 4
+#: The field's certified tolerance at n >= 1e5: 1e-10 lets the near-uniform phase use the fast
+#: transforms (0.1 s a step against 2.3 s for the pruned sums at the default 1e-12); a run then takes ~13 min.
+TOL_HUGE = 1e-10
 QUICK = {"ns": (100, 200), "seeds": 3, "T": 20.0}
 FIG4 = HERE.parent / "fig4_concentration" / "results.json"  # its 200-token runs (seeds 0-4, T = 20)
 
 
 #: From this many tokens a run goes in chunks of CHUNK time units, each chunk's end state written to
-#: runs/*.part.nc (validation.datafile: NetCDF4/CF): a killed run resumes from its last chunk (an n = 1e5 run takes an hour or more). The
-#: dynamics is autonomous, so a chunk restarts at its end state; its step sizes are dt computed afresh
-#: from 0 (the last bits of h may differ from the unchunked run's k dt differences), so a chunked run is
-#: Algorithm 1 to rounding, not bit for bit the unchunked one.
+#: runs/*.part.nc (validation.datafile: NetCDF4/CF): a killed run resumes from its last chunk (an
+#: n = 1e5 run takes ~13 min at tol 1e-10, with the dual tree once the tokens cluster). The dynamics is
+#: autonomous, so a chunk restarts at its end state; its step sizes are dt computed afresh from 0 (the
+#: last bits of h may differ from the unchunked run's k dt differences), so a chunked run is Algorithm 1
+#: to rounding, not bit for bit the unchunked one.
 CHUNKED_FROM = 100_000
 CHUNK = 2.5
 #: The schema of a chunked run's state file.
@@ -148,7 +153,8 @@ def analyse(recs: list[dict], ns) -> dict:
         out["per_n"].append({"n": n, "seeds": len(rs), "t_exit": _stats([r["t_exit"] for r in rs]),
                              "t_EF": _stats([r["t_EF"] for r in rs]),
                              "entered_E": int(sum(r["max_align_E"] > 0.9 for r in rs)),
-                             "wall_s_mean": float(np.mean([r["wall_s"] for r in rs]))})
+                             "wall_s_mean": float(np.mean([r["wall_s"] for r in rs])),
+                             "tol": float(max(r.get("tol", 1e-12) for r in rs))})
     # slope of the mean times against log n (least squares over the n with every run defined)
     for q in ("t_exit", "t_EF"):
         pts = [(np.log(p["n"]), p[q]["mean"]) for p in out["per_n"] if p[q].get("count", 0) == p["seeds"]]
@@ -212,14 +218,14 @@ def write_md(res, sfx):
          "align_E = mean x_1^2, align_F = mean x_2^2 every 0.25; t_exit: align_E falls back below 0.9; "
          "t_EF: align_F overtakes align_E (NaN: not by T).", "",
          "| n | seeds | t_exit mean +- std | t_exit p10 / median / p90 | t_EF mean +- std | t_EF p10 / median / p90 "
-         "| t_EF by T | s per run |",
-         "|---|---|---|---|---|---|---|---|"]
+         "| t_EF by T | s per run | field tol |",
+         "|---|---|---|---|---|---|---|---|---|"]
     for p in res["per_n"]:
         e, f = p["t_exit"], p["t_EF"]
         L.append(f"| {p['n']} | {p['seeds']} | {f2(e.get('mean'))} +- {f2(e.get('std'))} | "
                  f"{f2(e.get('p10'))} / {f2(e.get('median'))} / {f2(e.get('p90'))} | {f2(f.get('mean'))} +- "
                  f"{f2(f.get('std'))} | {f2(f.get('p10'))} / {f2(f.get('median'))} / {f2(f.get('p90'))} | "
-                 f"{f['count']} of {f['of']} | {p['wall_s_mean']:.1f} |")
+                 f"{f['count']} of {f['of']} | {p['wall_s_mean']:.1f} | {p.get('tol', 1e-12):.0e} |")
     L.append("")
     for q in ("t_exit", "t_EF"):
         s = res.get(f"slope_{q}_vs_log_n")
@@ -271,9 +277,9 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=SEEDS)
     ap.add_argument("--seeds-large", type=int, default=SEEDS_LARGE, help="seeds at n >= 1e4")
     ap.add_argument("--seeds-huge", type=int, default=SEEDS_HUGE, help="seeds at n >= 1e5")
-    ap.add_argument("--tol", type=float, default=None,
-                    help="the field's certified tolerance at n >= 1e5 (default: the model's, 1e-12; 1e-10 lets "
-                         "the near-uniform phase use the fast transforms, 0.1 s a step against 2.3 s)")
+    ap.add_argument("--tol", type=float, default=TOL_HUGE,
+                    help="the field's certified tolerance at n >= 1e5 (default 1e-10: the near-uniform phase then "
+                         "uses the fast transforms, 0.1 s a step against 2.3 s at the model's default 1e-12)")
     a = ap.parse_args(argv)
     ns = a.ns or (QUICK["ns"] if a.quick else NS)
     seeds = QUICK["seeds"] if a.quick else a.seeds
