@@ -231,6 +231,7 @@ class AttentionEvaluator:
         passes few (its own bound fails there too), hence the memory (the field is evaluated again and
         again on a slowly changing density). Not tried: the memory drifts back towards trying it, so that a
         density that smooths out again gets it."""
+        exact = self._exact(sub, tree=name != "tree")  # (the tree, if chosen, is planned and kept for sub)
         if name == "fast_spectral" and info.plan is not None:  # (no plan: kappa beyond any series)
             N, nb_ = sub.N, sub.M
             # CPU seconds: the series' cost model (inf beyond its largest degree); the guaranteed sums by
@@ -238,13 +239,14 @@ class AttentionEvaluator:
             t_series = REGISTRY["series"].cost(self, sub)
             frac = _m.pruned_fraction(self.model.tol, sub.kappa, N)
             t_exact = nb_ * N * (frac / _m.PRUNED_RATE if frac < 0.5 else 1.0 / _m.DIRECT_RATE)
-            if self._tree_or(sub, "pruned" if frac < 0.5 else "direct") == "tree":  # planned (and kept) for sub
+            if exact == "tree":
                 t_exact = min(t_exact, REGISTRY["tree"].cost(self, sub))
             passed = self.memory.get("series_pass", 1.0)
             if t_series < passed * t_exact:
+                self.cache.pop("tree", None)  # the plan is not kept beyond this choice
                 return "series", True
             self.memory["series_pass"] = min(1.0, passed + 0.05)
-        return self._exact(sub, tree=name != "tree"), False
+        return exact, False
 
     def _first(self, p: Targets, requested: str) -> tuple[str, bool]:
         if requested == "auto":

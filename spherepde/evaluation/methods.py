@@ -592,18 +592,14 @@ TREE_MIN_WORK = 2e8
 def _balanced_tree(P: np.ndarray, leaf: int):
     """Complete binary tree of recursive median bisection (along the coordinate of largest spread), leaves
     of <= ``leaf`` points: (order, depth, start, end), nodes in heap order (children 2k + 1, 2k + 2)."""
-    from ..kernels import tree as _t
-
     depth = max(0, math.ceil(math.log2(max(P.shape[0] / leaf, 1.0))))
-    order, start, end = _t.balanced_tree(np.ascontiguousarray(P), depth)
+    order, start, end = _tree_kernels.balanced_tree(np.ascontiguousarray(P), depth)
     return order, depth, start, end
 
 
 @functools.lru_cache(maxsize=8)
 def _tree_tables(d: int, pmax: int):
-    from ..kernels.tree import monomial_tables
-
-    return monomial_tables(d, pmax)
+    return _tree_kernels.monomial_tables(d, pmax)
 
 
 def _tree_rho_max(eta: float, d: int, pmax: int, nmono: np.ndarray) -> np.ndarray:
@@ -636,8 +632,7 @@ class _TreeSetup:
     """The dual tree of one problem: both trees, the leaves' lower bounds and the error budget."""
 
     def __init__(self, ev, p: Targets):
-        from ..kernels import tree as _t
-
+        _t = _tree_kernels
         d = p.U.shape[1]
         tol = ev.model.tol
         u = p.U * p.kappa[:, None]
@@ -648,16 +643,15 @@ class _TreeSetup:
         self.ws = np.ascontiguousarray(p.w[self.sorder])
         self.tc, self.tr = _t.node_balls(self.Ut, self.tstart, self.tend)
         self.sc, self.sr = _t.node_balls(self.Ys, self.sstart, self.send)
+        tl0, sl0 = 2 ** self.tdepth - 1, 2 ** self.sdepth - 1  # the first leaves
         # node masses summed exactly from the leaves up (no differences of a cumulative sum: a light node
         # beside heavy ones keeps its mass)
-        sl0 = 2 ** self.sdepth - 1
         wnode = np.zeros(self.sstart.shape[0])
         wnode[sl0:] = [self.ws[a:b].sum() for a, b in zip(self.sstart[sl0:], self.send[sl0:])]
         for k in range(sl0 - 1, -1, -1):
             wnode[k] = wnode[2 * k + 1] + wnode[2 * k + 2]
         with np.errstate(divide="ignore"):
             self.slogw = np.log(wnode)
-        tl0, sl0 = 2 ** self.tdepth - 1, 2 ** self.sdepth - 1
         lb = np.empty(2 ** self.tdepth)
         gap = np.empty(2 ** self.tdepth)
         _t.leaf_lower_bounds(self.tc, self.tr, tl0, lb.shape[0], self.sc, self.sr, self.slogw, sl0,
@@ -691,10 +685,8 @@ class _TreeSetup:
         self.plan = None
 
     def _plan(self):
-        from ..kernels import tree as _t
-
         if self.plan is None:
-            self.plan = _t.traverse(self.tdepth, self.tstart, self.tend, self.tc, self.tr, self.lbmin, self.sdepth,
+            self.plan = _tree_kernels.traverse(self.tdepth, self.tstart, self.tend, self.tc, self.tr, self.lbmin, self.sdepth,
                                     self.sstart, self.send, self.sc, self.sr, self.slogw, self.log_prune,
                                     self.rho_max, self.nmono)
         return self.plan
@@ -706,8 +698,7 @@ class _TreeSetup:
 
     def sums(self) -> np.ndarray:
         """The four shifted sums (M, 4) at the sorted targets."""
-        from ..kernels import tree as _t
-
+        _t = _tree_kernels
         eT, eS, eP, dT, dS, _ = self._plan()
         nnodes = self.tstart.shape[0]
         order = np.argsort(eT, kind="stable")
@@ -755,7 +746,7 @@ class Tree(Method):
     clusters interact through one expansion, O((N + M) P) instead of O(N M). d = 2 or 3, softmax
     normalisation. |m_hat - m| <= (1 + sqrt 3) (eta + 64 eps) with eta = eta_e + eta_p + eta_round the
     relative error of the sums; refuses every target where tol leaves no budget (the exponents' rounding
-    alone, ~16 eps kappa, exceeds it)."""
+    alone, ~3 eps kappa, exceeds it) or a term could overflow."""
 
     name = "tree"
 
@@ -768,7 +759,7 @@ class Tree(Method):
         return None
 
     def cost(self, ev, p):
-        if self.available(ev) is not None or p.U.shape[1] not in TREE_PMAX:
+        if self.available(ev) is not None:
             return math.inf
         s = _tree_setup(ev, p)
         return s.seconds() if s.ok else math.inf

@@ -22,8 +22,8 @@ remainder gives, for every term, |e^t - T_p(t)| <= rho^(p+1) / (p+1)! e^rho <= e
 with the coupling second order in the two radii, so that a whole cluster of tokens interacts with another
 through one expansion.
 
-A pair whose exponent is bounded above by log(eta_p W_S / W) + (a lower bound of log D_i for every target
-of T) is pruned: the pruned mass is <= eta_p D_i. Leaf pairs that no expansion serves are summed directly.
+A pair whose exponent is bounded above by log(eta_p / W) + (a lower bound of log D_i for every target of
+T) is pruned: its mass is <= eta_p (W_S / W) D_i, so all the pruned mass is <= eta_p D_i. Leaf pairs that no expansion serves are summed directly.
 """
 from __future__ import annotations
 
@@ -34,9 +34,8 @@ import numpy as np
 
 from .fastexp import fexp_ftz
 
-__all__ = ["node_balls", "leaf_lower_bounds", "traverse", "moments", "evaluate", "monomial_tables"]
+__all__ = ["balanced_tree", "node_balls", "leaf_lower_bounds", "traverse", "moments", "evaluate", "monomial_tables"]
 
-_FM = {"contract", "nsz", "arcp"}
 #: reductions vectorised (the sums' order changes, not their bound)
 _FMR = {"reassoc", "contract", "nsz", "arcp"}
 #: Points per block of the vectorised loops (the leaf size bounds a leaf's targets).
