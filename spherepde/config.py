@@ -26,7 +26,7 @@ Sections (see ``docs/user_guide.md`` and ``docs/examples/*.toml``)::
     [initial]   type = "uniform" | "vmf_mixture" (means, kappas, weights, uniform_weight)
                      | "perturbed_uniform" (eps) | "quadratic" (Q, b); sample = "average" | "center"
     [time]      t_end, and save_every or save_at
-    [scheme]    scheme, limiter, stepper, cfl, field_interval, max_steps  -> spherepde.solver.Options
+    [scheme]    scheme, limiter, stepper, cfl, field_interval, field_time, max_steps  -> spherepde.solver.Options
     [output]    checkpoint_every (seconds), fits, plots, diagnostics_p
     [particles] n, seed, dt, method, hardmax   (optional overlay run)
 
@@ -837,11 +837,12 @@ class SchemeConfig:
     atol: float = 1e-12
     max_dt: float = math.inf
     field_interval: int | None = None
+    field_time: str = "exact"
     max_steps: int = 10**8
 
     @classmethod
     def parse(cls, sec: dict) -> "SchemeConfig":
-        from .solver import LIMITERS, SCHEMES, STEPPERS
+        from .solver import FIELD_TIMES, LIMITERS, SCHEMES, STEPPERS
 
         w = "scheme"
         _check_keys(sec, tuple(f.name for f in fields(cls)), w)
@@ -859,6 +860,7 @@ class SchemeConfig:
             atol=_float(sec, "atol", w, default=d.atol, lo=0.0),
             max_dt=max_dt,
             field_interval=_int(sec, "field_interval", w, minimum=0) or None,
+            field_time=_str(sec, "field_time", w, FIELD_TIMES, default=d.field_time),
             max_steps=_int(sec, "max_steps", w, default=d.max_steps, minimum=1),
         )
 

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 #: Spatial schemes: first-order upwind, linear (second order) or quadratic (third order) reconstruction.
 SCHEMES = ("upwind", "linear", "quadratic")
 LIMITERS = ("positivity", "maximum", "none")
+FIELD_TIMES = ("exact", "interpolate")
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,21 @@ class Options:
         between; with ``error_control`` it is recomputed earlier whenever the extrapolation error
         predicted from the last three fields exceeds ``rtol / 2`` (and at every stage until three fields
         are known), and the measured extrapolation error is recorded (``diagnostics["field_error"]``).
+    field_time : {"exact", "interpolate"}, default "exact"
+        Time-dependent local fields given point-wise (``Prescribed(velocity)`` with a plain NumPy
+        ``velocity(x, t)``, or ``Prescribed.compiled``) only; separable fields (``Prescribed.separable``)
+        are already cheap and ignore it. "exact": the field is evaluated at every new stage time (the method
+        of lines; about 100 times the cost of a steady field at nside 256 for a NumPy field, 18 times for a
+        compiled one). "interpolate": the field's normal velocities at the face Gauss points are evaluated
+        at time nodes and interpolated linearly in time in between, as offline transport models
+        interpolate stored velocity snapshots. The nodes are placed ahead of the run, because the field is
+        a function of t alone: each new node's spacing H is chosen, and the node re-placed closer when it
+        fails, so that the interpolation error predicted from the second divided difference of the last
+        three nodes, max |a''| H^2 / 8 relative to the weights' L1 size, is at most ``rtol / 2`` (the bound
+        ``field_interval`` keeps for the attention field; it holds with or without ``error_control``). The
+        first interval is one step long (no curvature is known yet); a node is never closer than an eighth
+        of a step (a field that jumps is then interpolated across that). The predicted error of the
+        interval in use is recorded as ``diagnostics["field_error"]``. Measured: ``validation/bench_transport.py``.
     max_steps : int, default 10**8
         Safety stop; exceeding it raises.
     """
@@ -120,6 +136,7 @@ class Options:
     atol: float = 1e-12
     max_dt: float = float("inf")
     field_interval: int | None = None
+    field_time: str = "exact"
     max_steps: int = 10**8
 
     def __post_init__(self):
@@ -148,6 +165,8 @@ class Options:
         object.__setattr__(self, "max_dt", max_dt)
         if self.field_interval is not None:
             object.__setattr__(self, "field_interval", positive_int(self.field_interval, "field_interval"))
+        if self.field_time not in FIELD_TIMES:
+            raise ValueError(f"field_time must be one of {FIELD_TIMES}, got {self.field_time!r}")
         object.__setattr__(self, "max_steps", positive_int(self.max_steps, "max_steps"))
 
 
@@ -312,6 +331,9 @@ class Solver:
         self._field_curv = np.inf  # relative second divided difference of the last three fields
         self._field_step = 0  # n_steps at the last field recomputation
         self._field_err = 0.0  # measured extrapolation error at the recomputation of this step
+        self._nodes = []  # node times of field_time="interpolate" (kept across regrids; weights are per grid)
+        self._node_errs = []  # the predicted error of the interval that ends at each node
+        self._node_h = np.nan  # the spacing proposed for the next node (NaN: none yet)
         self._clip_warned = False  # the noise's positivity fix has been warned about
         self._activate(self.t)
         self._mom = self._state_moments()  # moments of the current state, reused by step()
@@ -340,6 +362,7 @@ class Solver:
         self._steady_cache = {}  # (interval, "all" | "local") -> moments or weights of steady local fields
         self._timed = []  # the last two (interval, t, moments) of time-dependent local fields
         self._history: list[tuple[float, np.ndarray]] = []  # (t, face weights a) for field_interval (per grid)
+        self._node_a = {}  # node time -> face weights a of field_time="interpolate" on this grid
         self._extrema = None  # (f, min f, max f) of the state step() just made, for _record
 
     @property
@@ -401,6 +424,7 @@ class Solver:
         if self._active_key is not None and reset:
             self._history = []
             self._field_curv = np.inf
+            self._nodes, self._node_a, self._node_h = [], {}, np.nan
         self._active_key = key
         self._active = _terms.resolve(self.model, t)
         self._local_terms, self._heads = _terms.decompose(self._active)
@@ -610,6 +634,8 @@ class Solver:
     def _local_moments(self, t: float, f: np.ndarray):
         """The moments of a time-dependent local field at t."""
         active = self._active
+        if self.options.field_time == "interpolate" and not getattr(active, "modes", None):
+            return self._interpolated_moments(t, f)
         if getattr(active, "modes", None):  # v = sum_k c_k(t) v_k: each v_k evaluated once
             key = (self._active_key, "modes")
             if key not in self._steady_cache:
@@ -654,6 +680,87 @@ class Solver:
                                  f"or inf at t = {t}")
             return self._compute_moments(a)
         return self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
+
+    def _node_weights(self, t: float, f: np.ndarray) -> np.ndarray:
+        """Normal-velocity weights (F, G) of the time-dependent local field at t (a new array)."""
+        kernel = getattr(self._active, "kernel", None)
+        if kernel is None:
+            return self._normal_weights(self._face_velocity(t, f))
+        a = np.empty(self.grid.face_points.shape[:2])
+        if fv.compiled_normal_weights(kernel, self.grid.face_points, self.grid.face_normals, float(t), a):
+            raise ValueError(f"the compiled velocity kernel {getattr(kernel, '__name__', kernel)!r} wrote NaN "
+                             f"or inf at t = {t}")
+        return a
+
+    def _node(self, t: float, f: np.ndarray) -> np.ndarray:
+        """The weights at node time t on this grid (evaluated once per grid: a regrid re-evaluates them)."""
+        a = self._node_a.get(t)
+        if a is None:
+            a = self._node_a[t] = self._node_weights(t, f)
+        return a
+
+    def _node_error(self, i: int, f: np.ndarray) -> float:
+        """Predicted relative error of linear interpolation on the interval (nodes[i], nodes[i + 1]):
+        |a''| / 2 h^2 / 4, a'' / 2 the second divided difference of nodes i - 1, i, i + 1 (relative to the
+        largest L1 size of the three)."""
+        tp, ta, tb = self._nodes[i - 1:i + 2]
+        wp = 1.0 / ((ta - tp) * (tb - tp))
+        wb = 1.0 / ((tb - ta) * (tb - tp))
+        d2, scale = fv.second_difference_norms(self._node(tp, f), self._node(ta, f), self._node(tb, f),
+                                               wp, -(wp + wb), wb)
+        return 0.0 if scale == 0 else d2 / scale * 0.25 * (tb - ta) ** 2
+
+    def _cover(self, t: float, f: np.ndarray):
+        """Place nodes until one lies at or after t (``Options.field_time``): each new node at the proposed
+        spacing, moved closer while its interval's predicted error exceeds rtol / 2 (never closer than an eighth of
+        a step), and the next spacing proposed from the error met (at most twice the last)."""
+        target = 0.5 * self.options.rtol
+        last_dt = self.diag["dt"][-1] if self.diag["dt"] else np.nan
+        step = min((x for x in (self._dt_next, last_dt, 2.0 * (t - self.t)) if np.isfinite(x) and x > 0),
+                   default=0.0)
+        floor = step / 8.0  # a field that jumps: at most ~8 nodes a step, not an endless halving
+        later = [b for b in self._bounds if b > self._nodes[-1]]  # the field of this layer ends there
+        while self._nodes[-1] < t:
+            ta = self._nodes[-1]
+            h = self._node_h if np.isfinite(self._node_h) else max(2.0 * (t - ta), floor)
+            while True:
+                at_floor = h <= floor
+                tb = ta + max(h, floor, t - ta if len(self._nodes) < 2 else 0.0)
+                if later and tb > later[0]:
+                    tb = later[0]
+                self._nodes.append(tb)
+                if len(self._nodes) < 3:
+                    self._node_h = tb - ta
+                    err = 0.0
+                    break
+                err = self._node_error(len(self._nodes) - 2, f)
+                if err <= target or at_floor:
+                    grow = 2.0 if err == 0 else min(2.0, 0.9 * np.sqrt(target / err))
+                    self._node_h = max(grow * (tb - ta), floor)
+                    break
+                self._nodes.pop()
+                self._node_a.pop(tb, None)
+                h = (tb - ta) * max(0.2, 0.9 * np.sqrt(target / err))
+            self._node_errs = (self._node_errs + [err])[-len(self._nodes):]
+
+    def _interpolated_moments(self, t: float, f: np.ndarray):
+        """Moments at t of the time-dependent local field interpolated linearly between its nodes
+        (``Options.field_time = "interpolate"``)."""
+        if not self._nodes or t < self._nodes[0]:  # the run's (or the layer's) start
+            self._nodes, self._node_a, self._node_h, self._node_errs = [t], {}, np.nan, [0.0]
+        self._cover(t, f)
+        i = int(np.searchsorted(self._nodes, t, side="right")) - 1  # nodes[i] <= t < nodes[i + 1]
+        keep = max(0, int(np.searchsorted(self._nodes, self.t, side="right")) - 2)  # one before the step's
+        if keep:
+            for tk in self._nodes[:keep]:
+                self._node_a.pop(tk, None)
+            self._nodes, self._node_errs, i = self._nodes[keep:], self._node_errs[keep:], i - keep
+        if self._nodes[i] == t:
+            return self._compute_moments(self._node(t, f))
+        ta, tb = self._nodes[i], self._nodes[i + 1]
+        self._field_err = max(self._field_err, self._node_errs[i + 1] if i + 1 < len(self._node_errs) else 0.0)
+        # a_b + c (a_b - a_a), c = (t - t_b) / (t_b - t_a) in (-1, 0): the moment kernels combine on the fly
+        return self._compute_moments(self._node(tb, f), self._node(ta, f), (t - tb) / (tb - ta))
 
     def _compute_moments(self, a, a_prev=None, c=0.0):
         """Face moments (F, 2 + 2d) and their cell-major outflow copy (N, K, 1 + d), as a pair, from the
@@ -1022,6 +1129,10 @@ class Solver:
             "history_means": [[m.copy() for m in ms] if ms is not None else None for _, _, ms in self._history],
             "controller": {"dt_next": self._dt_next, "field_curv": self._field_curv,
                            "field_step": self._field_step, "field_err": self._field_err,
+                           # the node times of field_time="interpolate" (their weights are re-evaluated)
+                           "node_h": self._node_h, "node_count": len(self._nodes),
+                           **{f"node_t{k}": tk for k, tk in enumerate(self._nodes)},
+                           **{f"node_err{k}": e for k, e in enumerate(self._node_errs)},
                            **{"model." + k: v for k, v in self._model_before.items()}},
         }
 
@@ -1054,6 +1165,10 @@ class Solver:
         self._field_curv = float(ctl.get("field_curv", np.inf))
         self._field_step = int(ctl.get("field_step", self.n_steps))
         self._field_err = float(ctl.get("field_err", 0.0))
+        n_nodes = int(ctl.get("node_count", 0))
+        self._nodes = [float(ctl[f"node_t{k}"]) for k in range(n_nodes)]
+        self._node_errs = [float(ctl[f"node_err{k}"]) for k in range(n_nodes)]
+        self._node_h, self._node_a = float(ctl.get("node_h", np.nan)), {}
         self._set_model_state({k[6:]: v for k, v in ctl.items() if k.startswith("model.")})
         self._activate(self.t, reset=False)  # the restored history belongs to the layer in force at t
         self._mom = self._state_moments()  # as the uninterrupted run computed them (see _state_moments)

@@ -45,8 +45,11 @@ def test_minimal_config_defaults():
 
 
 def test_scheme_maps_to_options():
-    c = cfg_with('[scheme]\nscheme = "upwind"\nstepper = "ssprk3"\ncfl = 0.25\nfield_interval = 3\n')
-    assert c.options() == Options(scheme="upwind", stepper="ssprk3", cfl=0.25, field_interval=3)
+    c = cfg_with('[scheme]\nscheme = "upwind"\nstepper = "ssprk3"\ncfl = 0.25\nfield_interval = 3\n'
+                 'field_time = "interpolate"\n')
+    assert c.options() == Options(scheme="upwind", stepper="ssprk3", cfl=0.25, field_interval=3,
+                                  field_time="interpolate")
+    assert "field_time" in str(error_of(BASE + '[scheme]\nfield_time = "linear"\n'))
 
 
 def test_save_every_includes_end_and_save_at():

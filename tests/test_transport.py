@@ -190,3 +190,132 @@ def test_compiled_field_bad_input_is_named():
     g = sp.HealpixGrid(4)
     with pytest.raises(ValueError, match="_blows_up.*NaN or inf at t = "):
         sp.solve(g, sp.Prescribed.compiled(_blows_up, max_speed=1.0), lambda x: np.ones(len(x)), 1.0)
+
+
+# ------------------------------------------------------------- Options.field_time = "interpolate"
+def _counted_plain(counter, max_speed=4.0):
+    """The two-mode deformational field of _deform_modes as a plain velocity(x, t), its calls counted."""
+    sep = sp.Prescribed.separable(_deform_modes([0, 0]), max_speed=max_speed)
+
+    def vel(x, t):
+        counter[0] += 1
+        return sep.velocity(x, t)
+
+    return sp.Prescribed(vel, max_speed=max_speed)
+
+
+def test_interpolated_field_error_follows_rtol():
+    """field_time="interpolate": the field is evaluated at time nodes and interpolated linearly between,
+    the nodes placed so that the predicted relative error is <= rtol / 2. Fixed steps (the same 250 steps
+    for both runs), so the difference to the exact-field run is the interpolation's alone. Measured
+    (nside 8, to t = 2.5, the deformation's largest): the difference is 0.78 rtol of the change the run makes
+    at rtol 1e-3 and 1e-4 (9.7x apart), with 39 and 115 field evaluations against 501. Asserted: within rtol
+    of the change (the field's relative error is <= rtol / 2 by construction; the density's relative error
+    then stays within about that of the change it makes), a ratio of 5 to 20 between the two rtols (the
+    error is second order in the node spacing H and H^2 ~ rtol: a wrong spacing rule, e.g. H ~ rtol, or an
+    extrapolation, would not give 10), the recorded predicted error <= rtol / 2, and at most a tenth of the
+    exact run's evaluations at rtol 1e-3."""
+    g = sp.HealpixGrid(8)
+    n = [0]
+    plain = _counted_plain(n)
+    f0 = lambda x: 1.0 + np.exp(4 * (x[:, 0] - 1))  # noqa: E731
+    r0 = sp.solve(g, plain, f0, 2.5, error_control=False, max_dt=0.01)
+    exact_calls, n[0] = n[0], 0
+    change = g.areas @ np.abs(r0.density[-1] - r0.density[0])
+    diffs = []
+    for rtol in (1e-3, 1e-4):
+        r = sp.solve(g, plain, f0, 2.5, error_control=False, max_dt=0.01, field_time="interpolate", rtol=rtol)
+        assert r.n_steps == r0.n_steps
+        diffs.append(g.areas @ np.abs(r.density[-1] - r0.density[-1]) / change)
+        assert diffs[-1] <= rtol, (rtol, diffs[-1])
+        assert 0 < r.diagnostics["field_error"].max() <= 0.5 * rtol
+        if rtol == 1e-3:
+            assert n[0] <= exact_calls / 10, (n[0], exact_calls)
+    assert 5 < diffs[0] / diffs[1] < 20, diffs
+
+
+def test_interpolation_nodes_meet_the_tolerance_between_them():
+    """The node control against the truth: for a field c(t) v(x) the interpolation's relative error is that
+    of c alone, so every interval the run used (the nodes collected after each step) is checked on a fine
+    sampling: max |c - linear interpolant| / max |c| at the interval's three nodes (the scale the control
+    uses) <= rtol. That is twice the target rtol / 2: the control predicts an interval's error from the
+    curvature over it and the interval before, so the true error can exceed the target (measured worst
+    0.62 rtol for cos t, 0.70 rtol for cos 3t: 1.2-1.4x the target; 69 and 193 nodes). The first interval (one step long, no curvature known) is exempt. And the
+    spacing follows the field: 3x the frequency, about 3x the nodes (H ~ sqrt(rtol / |c''|))."""
+    g = sp.HealpixGrid(4)
+    rtol = 1e-3
+    counts = []
+    for w in (1.0, 3.0):
+        c = lambda t, w=w: math.cos(w * t)  # noqa: E731
+        model = sp.Prescribed(lambda x, t, c=c: c(t) * np.cross([0.0, 0.0, 1.0], x), max_speed=1.0)
+        s = sp.Solver(g, model, lambda x: 1.0 + x[:, 0], sp.Options(field_time="interpolate", rtol=rtol))
+        seen = set()
+        while s.t < 4.0:
+            s.step()
+            seen.update(s._nodes)
+        nodes = sorted(seen)
+        counts.append(len(nodes))
+        worst = 0.0
+        for p, a, b in zip(nodes[:-2], nodes[1:-1], nodes[2:]):
+            u = np.linspace(a, b, 41)
+            lin = c(a) + (c(b) - c(a)) * (u - a) / (b - a)
+            err = np.abs(np.cos(w * u) - lin).max() / max(abs(c(p)), abs(c(a)), abs(c(b)))
+            worst = max(worst, err)
+        assert worst <= rtol, (w, worst)
+    assert 2.0 < counts[1] / counts[0] < 4.5, counts
+
+
+def test_interpolated_field_resumes_bit_for_bit(tmp_path):
+    """The node times travel in the checkpoint (their weights are re-evaluated, the field being a function
+    of t): a run stopped, written, read and continued equals the uninterrupted run to the last bit."""
+    from spherepde.io import read_checkpoint, write_checkpoint
+
+    g = sp.HealpixGrid(4)
+    model = sp.Prescribed.compiled(_precessing, max_speed=1.6)
+    opts = sp.Options(field_time="interpolate")
+    f0 = lambda x: 0.1 + np.exp(6 * (x[:, 0] - 1))  # noqa: E731
+    a = sp.Solver(g, model, f0, opts)
+    for _ in range(15):
+        a.step()
+    write_checkpoint(tmp_path / "c.h5", a.get_state())
+    assert len(a._nodes) >= 2
+    for _ in range(15):
+        a.step()
+    b = sp.Solver(g, model, f0, opts)
+    b.set_state(read_checkpoint(tmp_path / "c.h5")[0])
+    for _ in range(15):
+        b.step()
+    assert b.t == a.t and np.array_equal(b.f, a.f)
+
+
+@pytest.mark.parametrize("grid", ["adaptive", "layers"])
+def test_interpolated_field_across_regrids_and_layers(grid):
+    """A regrid keeps the node times and re-evaluates their weights on the new cells; a layer boundary ends
+    the nodes (the next layer's field is another function). Either way the run stays within rtol of the
+    change (measured 1.8e-4 adaptive, 3.9e-4 layers, at rtol 1e-3) of the exact field's run, in the same
+    fixed steps. Mutation checked: keeping the first layer's nodes after t = 0.5 fails (the old field
+    interpolated into the new layer's interval)."""
+    f0 = lambda x: 0.1 + np.exp(6 * (x[:, 0] - 1))  # noqa: E731
+    if grid == "adaptive":
+        g, model = sp.AdaptiveHealpixGrid(4, 16), sp.Prescribed(_precessing_np, max_speed=1.6)
+    else:
+        g = sp.HealpixGrid(8)
+        other = sp.Prescribed(lambda x, t: -2.0 * _precessing_np(x, t), max_speed=3.2)
+        model = sp.Layers([(0.0, sp.Prescribed(_precessing_np, max_speed=1.6)), (0.5, other)])
+    r0 = sp.solve(g, model, f0, 1.0, error_control=False, max_dt=0.01)
+    r1 = sp.solve(g, model, f0, 1.0, error_control=False, max_dt=0.01, field_time="interpolate")
+    assert r1.n_steps == r0.n_steps
+    d0, d1 = r0.density[-1], r1.density[-1]
+    if grid == "adaptive":
+        assert r1.grid_at(-1).n_cells == r0.grid_at(-1).n_cells != r0.grid_at(0).n_cells  # it did regrid
+        a0 = r0.grid_at(-1).areas
+        change = a0 @ np.abs(d0 - r0.grid_at(-1).cell_average(f0))
+    else:
+        a0 = g.areas
+        change = a0 @ np.abs(d0 - r0.density[0])
+    assert a0 @ np.abs(d1 - d0) <= 1e-3 * change, (a0 @ np.abs(d1 - d0) / change)
+
+
+def test_field_time_is_validated():
+    with pytest.raises(ValueError, match="field_time must be one of"):
+        sp.Options(field_time="linear")

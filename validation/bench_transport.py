@@ -7,9 +7,11 @@ issue 22: >= 1e8), and the linear and quadratic reconstructions with the solver'
 under error control; the stages per step are counted from the stepper). A cell-stage update is one cell
 advanced through one Runge-Kutta stage. Then the deformational flow of Nair and Lauritzen as a steady
 field, as ``Prescribed.separable``, as a plain NumPy velocity(x, t) and as a Numba-compiled point function
-(``Prescribed.compiled``) (issue 22: time-dependent within 3x of steady). Median, quartiles, min and max.
+(``Prescribed.compiled``) (issue 22: time-dependent within 3x of steady), and the last two interpolated in
+time between nodes (``Options(field_time="interpolate")``), timed over blocks of steps that include the
+node evaluations, with the accuracy this costs over one period at nside 64. Median, quartiles, min and max.
 
-Usage: python validation/bench_transport.py [--nside 256] [--steps 20]
+Usage: python validation/bench_transport.py [--nside 256] [--steps 20] [--block 120 --blocks 3]
 Writes validation/bench_transport.md.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from spherepde import HealpixGrid, Options, Solver, ZeroTemperature
+from spherepde import HealpixGrid, Options, Solver, ZeroTemperature, solve
 
 
 def read_bandwidth(n: int = 50_000_000, repeat: int = 5) -> float:
@@ -119,6 +121,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nside", type=int, default=256)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=60, help="steps before the interpolated field's blocks")
+    ap.add_argument("--block", type=int, default=120, help="steps per timed block (interpolated field)")
+    ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--output", default=str(Path(__file__).with_suffix(".md")))
     args = ap.parse_args(argv)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -159,6 +164,54 @@ def main(argv=None):
         trows.append(line)
         del solver
     ref = tmed["steady (the field at t = 0, evaluated once)"]
+    # Options(field_time="interpolate"): the field at time nodes, linear in time between. A node costs a
+    # full evaluation every ~100 steps, so per-step medians would hide it: the cost is each block's wall
+    # time over its steps (blocks after a warm-up that passes the first nodes' start-up)
+    irows, imed = [], {}
+    plain_calls = [0]
+    plain_np = deformational(False)
+
+    def counted(x, t):
+        plain_calls[0] += 1
+        return plain_np.velocity(x, t)
+
+    for label, m in (("plain velocity(x, t), field_time = \"interpolate\"",
+                      Prescribed(counted, max_speed=plain_np.max_speed)),
+                     ("Prescribed.compiled, field_time = \"interpolate\"", deformational_compiled())):
+        solver = Solver(grid, m, f0, Options(field_time="interpolate"))
+        for _ in range(args.warmup):
+            solver.step()
+        blocks, evals = [], 0
+        nodes_before = set(solver._nodes)
+        seen = set()
+        for _ in range(args.blocks):
+            t = time.perf_counter()
+            for _ in range(args.block):
+                solver.step()
+                seen.update(solver._nodes)
+            blocks.append((time.perf_counter() - t) / args.block)
+        evals = len(seen - nodes_before)
+        q = np.percentile(blocks, [0, 50, 100])
+        imed[label] = q[1]
+        irows.append(f"| {label} | {q[1]:.4f} [{q[0]:.4f}, {q[2]:.4f}] | {q[1] / ref:.2f}x | "
+                     f"{args.blocks * args.block} | {evals} | {solver._node_h:.3g} | "
+                     f"{max(solver.diag['field_error'][-args.blocks * args.block:]):.1e} |")
+        del solver
+    # what the interpolation costs in accuracy: one period of the same flow at nside 64 (the exact solution
+    # at t = 5 is f0), the field exact (its separable form, which equals the plain field to rounding) and
+    # interpolated at the default rtol
+    g64 = HealpixGrid(64)
+    f64 = g64.cell_average(lambda x: 1.0 + np.exp(4 * (x[:, 0] - 1)))  # noqa: E731
+    acc = {}
+    for name, m, o in (("exact", deformational(True), Options()),
+                       ("interpolated", deformational(False), Options(field_time="interpolate"))):
+        r = solve(g64, m, f64, 5.0, options=o)
+        acc[name] = (r.density[-1], r.n_steps)
+    l1 = lambda a: float(g64.areas @ np.abs(a))  # noqa: E731
+    acc_line = (f"Accuracy (nside 64, one period, T = 5, exact solution f0): relative l1 error "
+                f"{l1(acc['exact'][0] - f64) / l1(f64):.3e} with the exact field ({acc['exact'][1]} steps), "
+                f"{l1(acc['interpolated'][0] - f64) / l1(f64):.3e} interpolated ({acc['interpolated'][1]} steps); "
+                f"the two runs differ by {l1(acc['interpolated'][0] - acc['exact'][0]) / l1(f64):.2e}.")
     bw = read_bandwidth()
     nbytes = bytes_per_cell_stage(grid)
     bound = bw / nbytes
@@ -199,6 +252,18 @@ def main(argv=None):
         f"{tmed['time-dependent, plain velocity(x, t)'] / ref:.1f}x, as a compiled kernel (any time dependence) "
         f"{tmed['time-dependent, Prescribed.compiled (a Numba kernel v(x, t, out))'] / ref:.2f}x "
         "(issue 22's target: within 3x).",
+        "",
+        "### Interpolated in time (`Options(field_time=\"interpolate\")`)",
+        "",
+        f"The same flow evaluated at time nodes and interpolated linearly between them (the predicted relative",
+        f"error kept <= rtol / 2 = 5e-4). Wall time per step of {args.blocks} blocks of {args.block} steps each,",
+        f"after {args.warmup} warm-up steps, so that the node evaluations are in the cost:",
+        "",
+        "| field | s per step: median [min, max] of the blocks | x steady | steps | node evaluations | node spacing | largest predicted field error |",
+        "|---|---|---|---|---|---|---|",
+        *irows,
+        "",
+        acc_line,
         "",
         "Memory-traffic bound of the linear stage kernel (`fv.stage_update`): per cell and stage the int16",
         "stencil and inflow offsets, the class index of the stencil coefficients (the class table itself is",

@@ -733,6 +733,26 @@ def combine_weights(A, c, out):
             out[f, g] = s
 
 
+@njit(parallel=True, cache=True)
+def second_difference_norms(ap, aa, ab, wp, wa, wb):
+    """(sum |wp ap + wa aa + wb ab|, max(sum |ap|, sum |aa|, sum |ab|)) over all entries of three (F, G)
+    weight arrays: the L1 norm of a second divided difference (wp, wa, wb its coefficients) and the scale
+    it is relative to, in one pass and no temporaries (the node control of ``Options.field_time``)."""
+    F, G = aa.shape
+    d2 = 0.0
+    sp = 0.0
+    sa = 0.0
+    sb = 0.0
+    for f in prange(F):
+        for g in range(G):
+            x, y, z = ap[f, g], aa[f, g], ab[f, g]
+            d2 += abs(wp * x + wa * y + wb * z)
+            sp += abs(x)
+            sa += abs(y)
+            sb += abs(z)
+    return d2, max(sp, sa, sb)
+
+
 def mode_face_tables(A, pts, xbar, owner, neigh, scale):
     """Per face and mode, what :func:`face_side_moments_modes` needs of a separable field's modes A (K, F, G)
     (S^2): W (F, K, 10) = (sum_g A, sum_g A (X_g - xbar_owner) (3), sum_g A (X_g - xbar_neighbour) (3),
