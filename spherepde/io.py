@@ -568,10 +568,13 @@ def _times(h):
 
 
 def check_frames(density, what: str):
-    """ValueError unless every saved density in ``density`` is finite and >= 0 (a damaged file)."""
-    d = np.asarray(density)
-    if d.size and not (np.all(np.isfinite(d)) and d.min() >= 0.0):
-        raise ValueError(f"{what} holds non-finite or negative densities")
+    """ValueError unless every saved density in ``density`` is finite and >= 0 (a damaged file).
+    ``density``: an (n_saved, N) array, or a list of frames of different lengths (a grid that adapts),
+    checked frame by frame (NumPy refuses to make one array of ragged frames)."""
+    for d in (density if isinstance(density, list) else [density]):
+        d = np.asarray(d, dtype=float)
+        if d.size and not (np.all(np.isfinite(d)) and d.min() >= 0.0):
+            raise ValueError(f"{what} holds non-finite or negative densities")
 
 
 class ResultsWriter:

@@ -80,6 +80,20 @@ def test_max_cells_is_an_error_naming_it(tmp_path):
         run_experiment(cfg, tmp_path / "out", figures=False)
 
 
+def test_a_completed_adaptive_run_is_loaded_not_rerun(finished):
+    """run_experiment on the directory of a finished adaptive run loads it: the results file is not
+    rewritten, and the frames (of different lengths) are the run's. Bug found 2026-12-03: the frames'
+    check made one NumPy array of the ragged frames, which NumPy refuses, so every finished adaptive
+    run was judged damaged and recomputed from scratch (an adaptive_clusters member: 10-25 minutes)."""
+    res, out = finished
+    mtime = (out / "results.h5").stat().st_mtime_ns
+    again = run_experiment(parse_config(CONFIG), out, figures=False)
+    assert (out / "results.h5").stat().st_mtime_ns == mtime
+    assert len(again.density) == len(res.density)
+    assert all(np.array_equal(a, b) for a, b in zip(again.density, res.density))
+    assert len({len(d) for d in again.density}) > 1  # the frames are ragged (the case the bug was in)
+
+
 def test_results_file_holds_each_states_cells(finished):
     """Every saved state's NUNIQ and densities come back from load() as they were computed (the run's own
     grids rebuilt from them: same cells, centres and areas bit for bit), and from the file itself as CF
