@@ -719,9 +719,9 @@ class Solver:
         step = min((x for x in (self._dt_next, last_dt, 2.0 * (t - self.t)) if np.isfinite(x) and x > 0),
                    default=0.0)
         floor = step / 8.0  # a field that jumps: at most ~8 nodes a step, not an endless halving
-        later = [b for b in self._bounds if b > self._nodes[-1]]  # the field of this layer ends there
         while self._nodes[-1] < t:
             ta = self._nodes[-1]
+            later = [b for b in self._bounds if b > ta]  # the field of this layer ends there
             h = self._node_h if np.isfinite(self._node_h) else max(2.0 * (t - ta), floor)
             while True:
                 at_floor = h <= floor
