@@ -363,6 +363,7 @@ class Solver:
         self._timed = []  # the last two (interval, t, moments) of time-dependent local fields
         self._history: list[tuple[float, np.ndarray]] = []  # (t, face weights a) for field_interval (per grid)
         self._node_a = {}  # node time -> face weights a of field_time="interpolate" on this grid
+        self._side4_of = None  # (moments side, its compact copy) of the compact stage kernel (_side4)
         self._extrema = None  # (f, min f, max f) of the state step() just made, for _record
 
     @property
@@ -831,11 +832,29 @@ class Solver:
         cls, coef = grid.stencil_classes
         split = grid.kernel_split if (linear and opt.limiter != "none") else None
         if split is not None:  # mixed stencil sizes (adaptive HEALPix): each cell looped over its own (the same bits)
-            fv.stage_update_split(fa, fb, grid.stencil_offsets, cls, coef, mom[1], grid.inflow_offsets,
-                                  grid.kernel_areas, dt, alpha, split[0], split[1], self._outflow, out)
+            stencil4, in4, in_large, n_out = grid.kernel_compact
+            if self._outflow.size != n_out:
+                self._outflow = np.empty(n_out)
+            fv.stage_update_compact(fa, fb, stencil4, grid.stencil_offsets, cls, coef, self._side4(mom[1]), mom[1],
+                                    in4, in_large, grid.kernel_areas, dt, alpha, split[0], split[1], self._outflow,
+                                    out)
             return
         fv.stage_update(fa, fb, grid.stencil_offsets, cls, coef, mom[1], grid.inflow_offsets, grid.kernel_areas,
                         dt, alpha, linear, opt.limiter != "none", self._outflow, out)
+
+    def _side4(self, side: np.ndarray) -> np.ndarray:
+        """The first 4 face slots of the cell-major moments ``side`` as a compact (N, 4, 3) copy (what the
+        compact stage kernel's small cells read), made once per moment set: memoised on the last set by
+        identity, which it holds (so the moments pool does not reuse that set while the copy stands for it)."""
+        memo = self._side4_of
+        if memo is not None and memo[0] is side:
+            return memo[1]
+        shape = side.shape[:1] + (4,) + side.shape[2:]
+        # the copy never leaves this solver (it is handed straight to the kernel): its buffer is reused
+        side4 = memo[1] if memo is not None and memo[1].shape == shape else np.empty(shape)
+        fv.compact_side(side, side4)
+        self._side4_of = (side, side4)
+        return side4
 
     def _point_offsets(self) -> np.ndarray:
         """X_g - xbar_i for every face Gauss point of every cell, (N, K, G, d) (for limiter="maximum")."""

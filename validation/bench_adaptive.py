@@ -1,6 +1,6 @@
 """Cost of adaptive HEALPix grids against uniform ones at the same cell count (issue #16).
 
-Three figures, each the median and spread of ``--repeat`` timed runs of ``--steps`` steps of the steady
+Four figures, each the median and spread of ``--repeat`` timed runs of ``--steps`` steps of the steady
 zero-temperature field (paper matrices), linear reconstruction with the positivity limiter, the solver's
 default stepper (SSP-RK(4,3): 4 stages per step; the stages are counted from the stepper) and error control:
 
@@ -8,7 +8,8 @@ default stepper (SSP-RK(4,3): 4 stages per step; the stages are counted from the
 2. a static adaptive grid (``refinement=False``) of about the same cell count, three orders mixed (a polar
    cap refined twice), the same field: cell-stage updates per second, and its ratio to 1 (target: within 2x);
 3. the same adaptive grid regridding every 4 CFL steps (the default ``Refinement()``; every 2 steps of SSP-RK(4,3)) on a moving bump: the
-   time per regrid (grid rebuild with reused geometry plus transfer) against the time per step.
+   time per regrid (grid rebuild with reused geometry plus transfer) against the time per step;
+4. the attention field (beta 10 and 100) on the grids of 1 and 2: seconds per evaluation and the ratio per cell.
 
 Usage: python validation/bench_adaptive.py [--nside 64] [--steps 40] [--repeat 5]
 Writes validation/bench_adaptive.md. ``--paper [--limit 900] [--attention 1e9]`` runs only the paper-scale
@@ -53,6 +54,21 @@ def throughput(grid, steps: int, repeat: int):
         rates.append(grid.n_cells * stages / wall)
     r = np.array(rates[1:])
     return float(np.median(r)), float(r.min()), float(r.max())
+
+
+def field_cost(grid, beta: float, repeat: int):
+    """(median, min, max) seconds of one attention-field evaluation (paper matrices, the solver's own
+    evaluator and method choice) on ``grid``'s cells for f0, and the method it used."""
+    from spherepde import Attention
+
+    p = MATRIX_PRESETS["paper"]
+    s = Solver(grid, Attention(p["B"], p["V"], beta), f0, Options())
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        s._grid_mean_field(s.f)
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts)), float(min(ts)), float(max(ts)), s.field_info.method
 
 
 def regrid_cost(nside: int, steps: int, repeat: int):
@@ -161,6 +177,7 @@ def main(argv=None):
     ru = throughput(uni, a.steps, a.repeat)
     ra = throughput(ada, a.steps, a.repeat)
     per_regrid, per_step, cells, spread = regrid_cost(a.nside, a.steps * 2, a.repeat)
+    fields = [(beta, field_cost(uni, beta, a.repeat), field_cost(ada, beta, a.repeat)) for beta in (10.0, 100.0)]
     lines = [
         "# Adaptive grid cost (validation/bench_adaptive.py)", "",
         f"Machine: {platform.processor() or platform.machine()}, {numba.get_num_threads()} Numba thread(s), load "
@@ -171,6 +188,12 @@ def main(argv=None):
         f"| HealpixGrid({a.nside}) | {uni.n_cells} | {ru[0]:.3g} [{ru[1]:.3g}, {ru[2]:.3g}] |",
         f"| {ada!r} | {ada.n_cells} | {ra[0]:.3g} [{ra[1]:.3g}, {ra[2]:.3g}] |", "",
         f"Adaptive / uniform cost per cell-stage: {ru[0] / ra[0]:.2f}x (target: within 2x).", "",
+        "The attention field on the same two grids (one evaluation of the mean at the cell centres, f0, the "
+        "paper matrices, the default tol; seconds, median [min, max]; per cell: the ratio times the cell "
+        "counts' ratio):", "",
+        "| beta | uniform | adaptive | method (uniform / adaptive) | adaptive / uniform per cell |", "|---|---|---|---|---|",
+        *[f"| {beta:g} | {u[0]:.3f} [{u[1]:.3f}, {u[2]:.3f}] | {ad[0]:.3f} [{ad[1]:.3f}, {ad[2]:.3f}] | {u[3]} / {ad[3]} "
+          f"| {ad[0] / u[0] * uni.n_cells / ada.n_cells:.2f}x |" for beta, u, ad in fields], "",
         f"Regridding (bump in rigid rotation, nside {a.nside // 4} .. {a.nside}, ~{cells} cells, default "
         f"Refinement, every 4 CFL steps: every 2 steps of SSP-RK(4,3)): {per_regrid * 1e3:.1f} ms per regrid [{spread[0] * 1e3:.1f}, "
         f"{spread[1] * 1e3:.1f}], {per_step * 1e3:.1f} ms per step without it: a regrid costs "

@@ -454,6 +454,30 @@ class AdaptiveHealpixGrid(Grid):
         return np.nonzero(small)[0].astype(np.int32), np.nonzero(~small)[0].astype(np.int32)
 
     @cached_property
+    def kernel_compact(self):
+        """What :func:`~spherepde.kernels.fv.stage_update_compact` reads besides the padded rows, for the
+        cells of :attr:`kernel_split`: (stencil4 (N, 8) the first 8 stencil offsets, in4 (N, 4) and
+        in_large (len(large), 8) the absolute positions of the inflow through each face slot in the compact
+        outflow layout (slot k < 4 of cell c at 4 c + k, slot k >= 4 of the j-th large cell at 4 N + 4 j +
+        k - 4; a padding slot points at its own), the outflow array's length); None where there is no split."""
+        split = self.kernel_split
+        if split is None:
+            return None  # pragma: no cover - the widths are the module's constants
+        small, large = split
+        N, K = self.cell_faces.shape
+        lidx = np.full(N, -1, np.int64)
+        lidx[large] = np.arange(len(large))
+        flat = self.cell_inflow.astype(np.int64)  # j * K + k' in the padded layout
+        nb, slot = flat // K, flat % K
+        pos = np.where(slot < 4, 4 * nb + slot, 4 * N + 4 * lidx[nb] + slot - 4)
+        if np.any(pos < 0):  # pragma: no cover - a slot >= 4 only exists in a large cell
+            raise RuntimeError("a face slot beyond the fourth belongs to a cell outside the large list")
+        stencil4 = np.ascontiguousarray(self.stencil_offsets[:, :8])
+        in4 = np.ascontiguousarray(pos[:, :4]).astype(np.int32)
+        in_large = np.ascontiguousarray(pos[large]).astype(np.int32)
+        return stencil4, in4, in_large, 4 * N + 4 * len(large)
+
+    @cached_property
     def error_blocks(self) -> np.ndarray:
         """Blocks of sibling cells (the four children of one parent; see :attr:`Grid.error_blocks`): the
         parent's NUNIQ, numbered; cells of order ``nside_min``'s order 0 are their own block."""
