@@ -441,7 +441,7 @@ class AdaptiveHealpixGrid(Grid):
 
     @cached_property
     def kernel_split(self):
-        """(small, large) int32 cell lists of the stage kernel (:func:`~spherepde.kernels.fv.stage_update_split`):
+        """(small, large) int32 cell lists of the stage kernel (:func:`~spherepde.kernels.fv.stage_update_compact`):
         the cells with at most 8 stencil cells and 4 faces (inside a patch of one order; their padding is
         last in their rows) and the others. The kernel is written for rows of 12 and 8 slots and frames of
         2 components (S^2): None for any other shape."""

@@ -222,7 +222,7 @@ class Grid:
         return _small_ints(self.cell_inflow.astype(np.int64) - K * np.arange(self.n_cells)[:, None])
 
     #: (small, large) cell lists of the stage kernel on grids with mixed stencil sizes (see
-    #: :func:`spherepde.kernels.fv.stage_update_split`); None: one loop over all cells.
+    #: :func:`spherepde.kernels.fv.stage_update_compact`); None: one loop over all cells.
     kernel_split = None
 
     @cached_property

@@ -439,35 +439,6 @@ def _cell_net(i, fa, fb, inflow, outflow, r, alpha, out, K, clip, KS=-1):
     out[i] = _stage_value(fa[i], fb[i], s, r, alpha, clip)
 
 
-@njit(parallel=True, cache=True)
-def stage_update_split(fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alpha, small, large, outflow,
-                       out):
-    """:func:`stage_update` for adaptive HEALPix grids (S = 12, K = 8, d = 3) with the default scheme
-    (linear, positivity limiter), the cells in two lists (``Grid.kernel_split``): ``small``, the cells
-    with at most 8 stencil cells and 4 faces (inside a patch of one order: most cells), looped over their
-    first 8 stencil slots and 4 faces, and ``large`` (next to a refinement boundary) over all 12 and 8.
-    The slots left out are padding (a stencil slot of the cell itself with coefficient 0, a face of zero
-    moments), which adds exact zeros: the result is :func:`stage_update`'s bit for bit. ``area`` (N,), or
-    (1,) for equal areas (an adaptive grid that is in fact uniform)."""
-    one = area.shape[0] == 1
-    for j in prange(small.shape[0]):
-        i = small[j]
-        a = area[0] if one else area[i]
-        _cell_outflows(i, fb, stencil_off, coef, cls[i], side, (1.0 - OUTFLOW_MARGIN) * a / dt, True,
-                       True, outflow, 8, 4, 2, 8)
-    for j in prange(large.shape[0]):
-        i = large[j]
-        a = area[0] if one else area[i]
-        _cell_outflows(i, fb, stencil_off, coef, cls[i], side, (1.0 - OUTFLOW_MARGIN) * a / dt, True,
-                       True, outflow, 12, 8, 2, 8)
-    for j in prange(small.shape[0]):
-        i = small[j]
-        _cell_net(i, fa, fb, inflow_off, outflow, dt / (area[0] if one else area[i]), alpha, out, 4, True, 8)
-    for j in prange(large.shape[0]):
-        i = large[j]
-        _cell_net(i, fa, fb, inflow_off, outflow, dt / (area[0] if one else area[i]), alpha, out, 8, True, 8)
-
-
 @njit(inline="always")
 def _outflows_compact(i, fb, stencil, coef, ci, side, capf, outflow, lo, hi, S, K):
     """Pass 1 of :func:`stage_update_compact` for cell i (linear, positivity limiter, S^2): the outflow of
@@ -494,8 +465,8 @@ def _net_compact(i, fa, fb, inpos, row, outflow, lo, hi, r, alpha, out, K):
 @njit(parallel=True, cache=True)
 def stage_update_compact(fa, fb, stencil4, stencil_off, cls, coef, side4, side, in4, in_large, area, dt, alpha,
                          small, large, outflow, out):
-    """:func:`stage_update_split` on compact rows: the same bits, less memory traffic (adaptive HEALPix,
-    linear scheme, positivity limiter, S^2). The padded rows of 12 stencil slots and 8 faces that every
+    """:func:`stage_update` for adaptive HEALPix grids (linear scheme, positivity limiter, S^2), each cell
+    looped over its own stencil and faces, on compact rows: the same bits, less memory traffic. The padded rows of 12 stencil slots and 8 faces that every
     cell has in ``stencil_off`` (N, 12) and ``side`` (N, 8, 3) are what only the few cells next to a
     refinement boundary (``large``) need; the others (``small``: 8 stencil cells, 4 faces) read the
     compact copies ``stencil4`` (N, 8) and ``side4`` (N, 4, 3) (``Grid.kernel_compact``), and the outflows
@@ -503,7 +474,8 @@ def stage_update_compact(fa, fb, stencil4, stencil_off, cls, coef, side4, side, 
     at 4 N + 4 j + k - 4, j its place in ``large``); ``in4`` (N, 4) and ``in_large`` (len(large), 8) give
     the absolute position of the inflow through each slot. Measured (adaptive grid of one order, all
     cells small, 2 cores): 1.9x faster than the padded rows at nside 64, 2.4x at nside 128
-    (``tests/test_fv_kernels.py`` checks the bits against :func:`stage_update_split`)."""
+    against the padded rows looped the same way (``tests/test_fv_kernels.py`` checks the bits against
+    :func:`stage_update`)."""
     N = fb.shape[0]
     one = area.shape[0] == 1
     for j in prange(small.shape[0]):
