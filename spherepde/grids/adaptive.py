@@ -335,7 +335,7 @@ class AdaptiveHealpixGrid(Grid):
         self.centers = centers
         self._build_faces(_reuse)
         self.xbar = np.einsum("nqd,q->nd", self.cell_points, self.cell_weights)
-        nbrs = self._stencil_neighbours()
+        nbrs = self._stencil_neighbours(_reuse, old)
         self.stencil = np.where(nbrs >= 0, nbrs, np.arange(N)[:, None]).astype(np.int32)
         # a cell whose stencil is the same cells as in the grid adapted from keeps its coefficients
         self._stencil_uniq = np.where(nbrs >= 0, self.uniq[np.maximum(nbrs, 0)], -1)
@@ -417,13 +417,28 @@ class AdaptiveHealpixGrid(Grid):
         if np.any(count < 4):  # pragma: no cover - a broken tiling
             raise RuntimeError("every cell of an adaptive HEALPix grid has at least four faces")
 
-    def _stencil_neighbours(self) -> np.ndarray:
-        """(N, STENCIL_WIDTH) the leaves touching each cell (edges and corners), -1 padded."""
+    def _stencil_neighbours(self, reuse=None, old=None) -> np.ndarray:
+        """(N, STENCIL_WIDTH) the leaves touching each cell (edges and corners), -1 padded, sorted by index.
+
+        With the grid ``reuse`` this one was adapted from (``old``: each cell's index there, -1 if new): a
+        kept cell all of whose old stencil leaves are still leaves has the same stencil (those leaves tile
+        the ring around it, so no new leaf can touch it), renumbered; only the others are searched (a
+        regrid changes few cells: the search was 37 % of a regrid at 150k cells)."""
         N = self.n_cells
         out = np.full((N, STENCIL_WIDTH), -1, np.int64)
         cells = np.arange(N)
-        for k in np.unique(self.order):
-            sel = cells[self.order == k]
+        todo = np.ones(N, bool)
+        if reuse is not None and np.any(old >= 0):
+            rows = np.nonzero(old >= 0)[0]
+            prev = reuse._stencil_uniq[old[rows]]
+            idx = np.where(prev >= 0, self._leaves.index(np.where(prev >= 0, prev, 0)), -1)
+            ok = np.all((prev < 0) | (idx >= 0), axis=1)
+            big = np.iinfo(np.int64).max
+            out[rows[ok]] = np.sort(np.where(idx[ok] >= 0, idx[ok], big), axis=1)
+            out[out == big] = -1
+            todo[rows[ok]] = False
+        for k in np.unique(self.order[todo]):
+            sel = cells[(self.order == k) & todo]
             kids = (self.ipix[sel, None] << 2) + np.arange(4)
             nb = hp.get_all_neighbours(1 << (int(k) + 1), kids.ravel(), nest=True).T.reshape(len(sel), 32)
             leaf = _leaf_or_coarser(self._leaves, int(k) + 1, np.where(nb >= 0, nb, 0))
