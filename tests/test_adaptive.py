@@ -248,6 +248,40 @@ def test_a_regridded_grid_is_the_grid_built_from_its_cells():
         g = new
 
 
+def test_incremental_balance_is_the_full_balance():
+    """adapt() balances examining only the new leaves and those touching them (_balance with ``fresh``);
+    it must give the full balance's tiling. Balanced tilings made unbalanced on purpose: cells split twice
+    (grandchildren two orders finer than their neighbours, so the neighbours must split, and theirs in
+    turn), next to merged cells, at several places (a polar cap, a base-face corner). Mutation checked:
+    examining only the fresh leaves themselves (not their neighbours) leaves the neighbours unsplit."""
+    from spherepde.grids.adaptive import _balance
+
+    g = AdaptiveHealpixGrid(4, 64).refined_where(lambda gr: gr.centers[:, 0] > 0.8, max_passes=1)
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        order, ipix = uniq_to_nest(g.uniq)
+        pick = rng.choice(np.nonzero(order < 5)[0], 6, replace=False)
+        kids = nest_to_uniq(np.repeat(order[pick] + 1, 4), ((ipix[pick, None] << 2) + np.arange(4)).ravel())
+        ko, kp = uniq_to_nest(kids[::4])  # one child of each, split again
+        grand = nest_to_uniq(np.repeat(ko + 1, 4), ((kp[:, None] << 2) + np.arange(4)).ravel())
+        keep = np.ones(g.n_cells, bool)
+        keep[pick] = False
+        fresh = np.concatenate([np.setdiff1d(kids, kids[::4]), grand])
+        # merge the four children of one refined parent elsewhere, when one is left intact
+        fine = np.nonzero((order == 3) & keep)[0]
+        par = ipix[fine] >> 2
+        vals, counts = np.unique(par, return_counts=True)
+        whole = vals[counts == 4]
+        if len(whole):
+            gone = fine[par == whole[0]]
+            keep[gone] = False
+            fresh = np.concatenate([fresh, nest_to_uniq(np.array([2]), whole[:1])])
+        raw = np.concatenate([g.uniq[keep], fresh])
+        full = _balance(raw, 2, 6)
+        assert len(full) > len(raw)  # the tiling was unbalanced: balance had to split
+        assert np.array_equal(_balance(raw, 2, 6, fresh=fresh), full)
+
+
 def test_mass_exact_over_many_regrids():
     """10^4 steps with a regrid every 10 steps (a bump in rigid rotation, the refined region following
     it): the relative mass drift stays <= 1e-13 (transfer and fluxes are exact up to rounding), and the
