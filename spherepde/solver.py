@@ -713,8 +713,8 @@ class Solver:
 
     def _cover(self, t: float, f: np.ndarray):
         """Place nodes until one lies at or after t (``Options.field_time``): each new node at the proposed
-        spacing, moved closer while its interval's predicted error exceeds rtol / 2 (never closer than an eighth of
-        a step), and the next spacing proposed from the error met (at most twice the last)."""
+        spacing, moved closer while its interval's predicted error exceeds rtol / 2 (never closer than an
+        eighth of a step), and the next spacing proposed from the error met (at most twice the last)."""
         target = 0.5 * self.options.rtol
         last_dt = self.diag["dt"][-1] if self.diag["dt"] else np.nan
         step = min((x for x in (self._dt_next, last_dt, 2.0 * (t - self.t)) if np.isfinite(x) and x > 0),

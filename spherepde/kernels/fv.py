@@ -466,8 +466,8 @@ def _net_compact(i, fa, fb, inpos, row, outflow, lo, hi, r, alpha, out, K):
 def stage_update_compact(fa, fb, stencil4, stencil_off, cls, coef, side4, side, in4, in_large, area, dt, alpha,
                          small, large, outflow, out):
     """:func:`stage_update` for adaptive HEALPix grids (linear scheme, positivity limiter, S^2), each cell
-    looped over its own stencil and faces, on compact rows: the same bits, less memory traffic. The padded rows of 12 stencil slots and 8 faces that every
-    cell has in ``stencil_off`` (N, 12) and ``side`` (N, 8, 3) are what only the few cells next to a
+    looped over its own stencil and faces, on compact rows: the same bits, less memory traffic. The padded
+    rows of 12 stencil slots and 8 faces that every cell has in ``stencil_off`` (N, 12) and ``side`` (N, 8, 3) are what only the few cells next to a
     refinement boundary (``large``) need; the others (``small``: 8 stencil cells, 4 faces) read the
     compact copies ``stencil4`` (N, 8) and ``side4`` (N, 4, 3) (``Grid.kernel_compact``), and the outflows
     are stored 4 a cell (cell i's slot k < 4 at 4 i + k) plus 4 more for each large cell (its slot k >= 4
