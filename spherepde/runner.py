@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from . import io as _io
-from .config import ExperimentConfig, load_config
+from .config import ConfigError, ExperimentConfig, load_config
 
 __all__ = ["run_experiment", "postprocess", "RunnerError", "RESULTS_NAME", "CHECKPOINT_NAME", "examples",
            "example_path", "resolve_experiment"]
@@ -186,6 +186,27 @@ def run_experiment(config, output, *, restart: bool = False, progress: bool = Fa
         return _run_locked(cfg, out, restart, progress, figures, stop_after_steps)
 
 
+def _same_config(stored, current: str, out: Path) -> bool:
+    """Is the configuration a checkpoint was written for (its JSON, ``stored``) this run's (``current``)?
+    Either the same JSON, or the same once read by this version's parser: a configuration written by an
+    earlier version lacks the options added since, which then take their defaults (e.g. ``[scheme]
+    field_time``), and it is the same experiment."""
+    if stored == current:
+        return True
+    try:
+        import json
+
+        from .config import parse_config
+
+        same = parse_config(json.loads(stored)).to_json() == current
+    except (ConfigError, ValueError, TypeError):  # not readable as a configuration: not this one
+        return False
+    if same:
+        log.info("%s: its checkpoint was written by an earlier version; the options it lacks take their "
+                 "defaults", out)
+    return same
+
+
 def _run_locked(cfg, out: Path, restart, progress, figures, stop_after_steps):
     """:func:`run_experiment` once the directory is checked and locked."""
     from .solver import Solver
@@ -200,7 +221,7 @@ def _run_locked(cfg, out: Path, restart, progress, figures, stop_after_steps):
         except Exception as exc:  # a damaged HDF5 file raises OSError, KeyError, RuntimeError, ValueError, ...
             state = extra = None
             log.warning("unreadable checkpoint %s (%s): starting over", ck_path, exc)
-        if extra is not None and extra.get("config_json") != cfg_json:
+        if extra is not None and not _same_config(extra.get("config_json"), cfg_json, out):
             raise RunnerError(f"{out} holds a run of a different configuration; use another --output or "
                               "--restart to overwrite it")
         if extra is not None and extra.get("done"):
