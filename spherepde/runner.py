@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import time
@@ -36,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from . import io as _io
-from .config import ConfigError, ExperimentConfig, load_config
+from .config import ConfigError, ExperimentConfig, load_config, parse_config
 
 __all__ = ["run_experiment", "postprocess", "RunnerError", "RESULTS_NAME", "CHECKPOINT_NAME", "examples",
            "example_path", "resolve_experiment"]
@@ -194,10 +195,6 @@ def _same_config(stored, current: str, out: Path) -> bool:
     if stored == current:
         return True
     try:
-        import json
-
-        from .config import parse_config
-
         same = parse_config(json.loads(stored)).to_json() == current
     except (ConfigError, ValueError, TypeError):  # not readable as a configuration: not this one
         return False

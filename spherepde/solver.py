@@ -635,8 +635,6 @@ class Solver:
     def _local_moments(self, t: float, f: np.ndarray):
         """The moments of a time-dependent local field at t."""
         active = self._active
-        if self.options.field_time == "interpolate" and not getattr(active, "modes", None):
-            return self._interpolated_moments(t, f)
         if getattr(active, "modes", None):  # v = sum_k c_k(t) v_k: each v_k evaluated once
             key = (self._active_key, "modes")
             if key not in self._steady_cache:
@@ -670,24 +668,24 @@ class Solver:
                 return mom, side
             fv.combine_weights(A, c, a)
             return self._compute_moments(a)
-        kernel = getattr(active, "kernel", None)
-        if kernel is not None:  # Prescribed.compiled: the normal weights in one compiled pass
+        if self.options.field_time == "interpolate":
+            return self._interpolated_moments(t, f)
+        out = None
+        if getattr(active, "kernel", None) is not None:  # the compiled pass writes into one kept array
             key = (self._active_key, "kernel weights")
             if key not in self._steady_cache:
                 self._steady_cache[key] = np.empty(self.grid.face_points.shape[:2])
-            a = self._steady_cache[key]
-            if fv.compiled_normal_weights(kernel, self.grid.face_points, self.grid.face_normals, float(t), a):
-                raise ValueError(f"the compiled velocity kernel {getattr(kernel, '__name__', kernel)!r} wrote NaN "
-                                 f"or inf at t = {t}")
-            return self._compute_moments(a)
-        return self._compute_moments(self._normal_weights(self._face_velocity(t, f)))
+            out = self._steady_cache[key]
+        return self._compute_moments(self._weights_at(t, f, out))
 
-    def _node_weights(self, t: float, f: np.ndarray) -> np.ndarray:
-        """Normal-velocity weights (F, G) of the time-dependent local field at t (a new array)."""
+    def _weights_at(self, t: float, f: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Normal-velocity weights (F, G) at t of the time-dependent local field given point-wise: a
+        ``Prescribed.compiled`` kernel in one compiled pass (into ``out``, or a new array), a NumPy
+        ``velocity(x, t)`` through :meth:`_face_velocity` (a new array)."""
         kernel = getattr(self._active, "kernel", None)
         if kernel is None:
             return self._normal_weights(self._face_velocity(t, f))
-        a = np.empty(self.grid.face_points.shape[:2])
+        a = np.empty(self.grid.face_points.shape[:2]) if out is None else out
         if fv.compiled_normal_weights(kernel, self.grid.face_points, self.grid.face_normals, float(t), a):
             raise ValueError(f"the compiled velocity kernel {getattr(kernel, '__name__', kernel)!r} wrote NaN "
                              f"or inf at t = {t}")
@@ -697,7 +695,7 @@ class Solver:
         """The weights at node time t on this grid (evaluated once per grid: a regrid re-evaluates them)."""
         a = self._node_a.get(t)
         if a is None:
-            a = self._node_a[t] = self._node_weights(t, f)
+            a = self._node_a[t] = self._weights_at(t, f)
         return a
 
     def _node_error(self, i: int, f: np.ndarray) -> float:
@@ -759,7 +757,7 @@ class Solver:
         if self._nodes[i] == t:
             return self._compute_moments(self._node(t, f))
         ta, tb = self._nodes[i], self._nodes[i + 1]
-        self._field_err = max(self._field_err, self._node_errs[i + 1] if i + 1 < len(self._node_errs) else 0.0)
+        self._field_err = max(self._field_err, self._node_errs[i + 1])  # (_cover: a node after t, its error)
         # a_b + c (a_b - a_a), c = (t - t_b) / (t_b - t_a) in (-1, 0): the moment kernels combine on the fly
         return self._compute_moments(self._node(tb, f), self._node(ta, f), (t - tb) / (tb - ta))
 

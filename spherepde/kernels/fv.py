@@ -467,15 +467,15 @@ def stage_update_compact(fa, fb, stencil4, stencil_off, cls, coef, side4, side, 
                          small, large, outflow, out):
     """:func:`stage_update` for adaptive HEALPix grids (linear scheme, positivity limiter, S^2), each cell
     looped over its own stencil and faces, on compact rows: the same bits, less memory traffic. The padded
-    rows of 12 stencil slots and 8 faces that every cell has in ``stencil_off`` (N, 12) and ``side`` (N, 8, 3) are what only the few cells next to a
-    refinement boundary (``large``) need; the others (``small``: 8 stencil cells, 4 faces) read the
-    compact copies ``stencil4`` (N, 8) and ``side4`` (N, 4, 3) (``Grid.kernel_compact``), and the outflows
-    are stored 4 a cell (cell i's slot k < 4 at 4 i + k) plus 4 more for each large cell (its slot k >= 4
-    at 4 N + 4 j + k - 4, j its place in ``large``); ``in4`` (N, 4) and ``in_large`` (len(large), 8) give
-    the absolute position of the inflow through each slot. Measured (adaptive grid of one order, all
-    cells small, 2 cores): 1.9x faster than the padded rows at nside 64, 2.4x at nside 128
-    against the padded rows looped the same way (``tests/test_fv_kernels.py`` checks the bits against
-    :func:`stage_update`)."""
+    rows of 12 stencil slots and 8 faces that every cell has in ``stencil_off`` (N, 12) and ``side``
+    (N, 8, 3) are what only the few cells next to a refinement boundary (``large``) need; the others
+    (``small``: 8 stencil cells, 4 faces) read the compact copies ``stencil4`` (N, 8) and ``side4``
+    (N, 4, 3) (``Grid.kernel_compact``), and the outflows are stored 4 a cell (cell i's slot k < 4 at
+    4 i + k) plus 4 more for each large cell (its slot k >= 4 at 4 N + 4 j + k - 4, j its place in
+    ``large``); ``in4`` (N, 4) and ``in_large`` (len(large), 8) give the absolute position of the inflow
+    through each slot. Measured (adaptive grid of one order, all cells small, 2 cores): 1.9x faster than
+    the padded rows looped the same way at nside 64, 2.4x at nside 128 (``tests/test_fv_kernels.py``
+    checks the bits against :func:`stage_update`)."""
     N = fb.shape[0]
     one = area.shape[0] == 1
     for j in prange(small.shape[0]):

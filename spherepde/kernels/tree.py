@@ -23,7 +23,8 @@ with the coupling second order in the two radii, so that a whole cluster of toke
 through one expansion.
 
 A pair whose exponent is bounded above by log(eta_p / W) + (a lower bound of log D_i for every target of
-T) is pruned: its mass is <= eta_p (W_S / W) D_i, so all the pruned mass is <= eta_p D_i. Leaf pairs that no expansion serves are summed directly.
+T) is pruned: its mass is <= eta_p (W_S / W) D_i, so all the pruned mass is <= eta_p D_i. Leaf pairs that
+no expansion serves are summed directly.
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ import numpy as np
 
 from .fastexp import fexp_ftz
 
-__all__ = ["balanced_tree", "node_balls", "leaf_lower_bounds", "traverse", "moments", "evaluate", "monomial_tables"]
+__all__ = ["balanced_tree", "node_balls", "leaf_lower_bounds", "traverse", "moments", "evaluate",
+           "monomial_tables"]
 
 #: reductions vectorised (the sums' order changes, not their bound)
 _FMR = {"reassoc", "contract", "nsz", "arcp"}
