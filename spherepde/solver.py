@@ -291,6 +291,8 @@ _STEP_KEYS = ("dt", "error", "rejected", "field_error", "field_bound")
 class Solver:
     """Steps a density on ``grid`` under ``model``; used by :func:`solve`, resumable via its state."""
 
+    _pair_moments = True  # field_time="interpolate": two stage times between the same nodes in one pass
+
     def __init__(self, grid, model, f0, options: Options | None = None, t0: float = 0.0):
         self.options = Options() if options is None else options
         if not isinstance(self.options, Options):
@@ -363,6 +365,8 @@ class Solver:
         self._timed = []  # the last two (interval, t, moments) of time-dependent local fields
         self._history: list[tuple[float, np.ndarray]] = []  # (t, face weights a) for field_interval (per grid)
         self._node_a = {}  # node time -> face weights a of field_time="interpolate" on this grid
+        self._stage_times = ()  # the attempt's later stage times (field_time="interpolate": moments in pairs)
+        self._prefetched = {}  # stage time -> moments computed with an earlier stage's (_interpolated_moments)
         self._side4_of = None  # (moments side, its compact copy) of the compact stage kernel (_side4)
         self._extrema = None  # (f, min f, max f) of the state step() just made, for _record
 
@@ -758,8 +762,25 @@ class Solver:
             return self._compute_moments(self._node(t, f))
         ta, tb = self._nodes[i], self._nodes[i + 1]
         self._field_err = max(self._field_err, self._node_errs[i + 1])  # (_cover: a node after t, its error)
+        mom = self._prefetched.pop(t, None)
+        if mom is not None:
+            return mom
         # a_b + c (a_b - a_a), c = (t - t_b) / (t_b - t_a) in (-1, 0): the moment kernels combine on the fly
-        return self._compute_moments(self._node(tb, f), self._node(ta, f), (t - tb) / (tb - ta))
+        a, a_prev = self._node(tb, f), self._node(ta, f)
+        later = [u for u in self._stage_times if t < u < tb and u not in self._prefetched]
+        if later and self._pair_moments and self.grid.dim == 3 and self.options.scheme == "linear":
+            # a later stage of this attempt between the same nodes: both moment sets in one pass (the same
+            # bits as two passes), the later one kept for its stage
+            u = later[0]
+            mom, side = self._moment_arrays()
+            mom2, side2 = self._moment_arrays()
+            grid = self.grid
+            fv.face_side_moments_pair(a, a_prev, (t - tb) / (tb - ta), (u - tb) / (tb - ta), grid.face_points,
+                                      grid.xbar, grid.tangent_basis, grid.owner, grid.neighbour, grid.face_slots,
+                                      mom, side, mom2, side2)
+            self._prefetched[u] = (mom2, side2)
+            return mom, side
+        return self._compute_moments(a, a_prev, (t - tb) / (tb - ta))
 
     def _compute_moments(self, a, a_prev=None, c=0.0):
         """Face moments (F, 2 + 2d) and their cell-major outflow copy (N, K, 1 + d), as a pair, from the
@@ -1046,17 +1067,24 @@ class Solver:
         prev = u0
         vals = [u0]
         n_main = len(st.stages)
-        for s, (alpha, c) in enumerate(st.stages + (st.extra if self.options.error_control else ())):
-            if s == 0:
-                mom = mom0
-            else:
-                mom = self._moments(self.t + c * dt, prev)
-                if hs[s] * dt * self._rates(mom)[0] > 1.0:
-                    return None
-            out = np.empty_like(u0) if s == n_main - 1 else self._buffer(s)
-            self._rhs_stage(u0, prev, mom, hs[s] * dt, alpha, out)
-            vals.append(out)
-            prev = out
+        stages = st.stages + (st.extra if self.options.error_control else ())
+        if self.options.field_time == "interpolate":  # (_interpolated_moments: moments in pairs)
+            self._stage_times = tuple(sorted({self.t + c * dt for _, c in stages[1:]}))
+        try:
+            for s, (alpha, c) in enumerate(stages):
+                if s == 0:
+                    mom = mom0
+                else:
+                    mom = self._moments(self.t + c * dt, prev)
+                    if hs[s] * dt * self._rates(mom)[0] > 1.0:
+                        return None
+                out = np.empty_like(u0) if s == n_main - 1 else self._buffer(s)
+                self._rhs_stage(u0, prev, mom, hs[s] * dt, alpha, out)
+                vals.append(out)
+                prev = out
+        finally:  # the pairs serve this attempt only (a rejected attempt's times are not asked for again)
+            self._stage_times = ()
+            self._prefetched.clear()
         return vals
 
     def check_step_budget(self, t_end: float):

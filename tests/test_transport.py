@@ -288,6 +288,39 @@ def test_interpolated_field_resumes_bit_for_bit(tmp_path):
     assert b.t == a.t and np.array_equal(b.f, a.f)
 
 
+def test_interpolated_moments_in_pairs_give_the_same_bits(monkeypatch):
+    """Two stage times of a step between the same two nodes get their moments in one pass
+    (fv.face_side_moments_pair, Solver._pair_moments): the run equals, to the last bit, the run that makes
+    one pass per stage time, and the pair pass is in fact taken on most steps (SSP-RK(4,3) asks for
+    t + dt / 2 and t + dt; a node between them, or a stage rejected by its CFL check, falls back to single
+    passes). A pair kernel that wrote the first time's moments into both sets, or a prefetched set served
+    for another time, changes the bits."""
+    from spherepde.kernels import fv
+
+    calls = [0]
+    pair = fv.face_side_moments_pair
+
+    def counted(*args):
+        calls[0] += 1
+        return pair(*args)
+
+    monkeypatch.setattr(fv, "face_side_moments_pair", counted)
+    g = sp.HealpixGrid(8)
+    model = sp.Prescribed.compiled(_precessing, max_speed=1.6)
+    f0 = lambda x: 0.1 + np.exp(6 * (x[:, 0] - 1))  # noqa: E731
+    runs = {}
+    for on in (True, False):
+        monkeypatch.setattr(sp.Solver, "_pair_moments", on)
+        s = sp.Solver(g, model, f0, sp.Options(field_time="interpolate"))
+        for _ in range(40):
+            s.step()
+        runs[on] = (s.t, s.f.copy(), calls[0])
+    assert runs[True][0] == runs[False][0] and np.array_equal(runs[True][1], runs[False][1])
+    # measured 28 of the 40 steps paired (at nside 8 a step is a third of the node spacing, so a node often
+    # falls between t + dt / 2 and t + dt); none when off
+    assert runs[True][2] >= 20 and runs[False][2] == runs[True][2], calls
+
+
 @pytest.mark.parametrize("grid", ["adaptive", "layers"])
 def test_interpolated_field_across_regrids_and_layers(grid):
     """A regrid keeps the node times and re-evaluates their weights on the new cells; a layer boundary ends
