@@ -767,20 +767,28 @@ class Solver:
             return mom
         # a_b + c (a_b - a_a), c = (t - t_b) / (t_b - t_a) in (-1, 0): the moment kernels combine on the fly
         a, a_prev = self._node(tb, f), self._node(ta, f)
-        later = [u for u in self._stage_times if t < u < tb and u not in self._prefetched]
-        if later and self._pair_moments and self.grid.dim == 3 and self.options.scheme == "linear":
-            # a later stage of this attempt between the same nodes: both moment sets in one pass (the same
-            # bits as two passes), the later one kept for its stage
-            u = later[0]
+        other = [u for u in self._stage_times if ta < u < tb and u != t and u not in self._prefetched]
+        if other and self._pairs_allowed():
+            # another stage time of this attempt between the same nodes: both moment sets in one pass (the
+            # same bits as two passes), the other kept for its stage. Only the attempt's last stage time
+            # (the next state's moments) gets face moments: the others serve one stage, whose linear
+            # kernel reads the cell-major copy alone, and their CFL check takes the outflow rate from it
+            u, end = other[0], self._stage_times[-1]
             mom, side = self._moment_arrays()
             mom2, side2 = self._moment_arrays()
             grid = self.grid
             fv.face_side_moments_pair(a, a_prev, (t - tb) / (tb - ta), (u - tb) / (tb - ta), grid.face_points,
                                       grid.xbar, grid.tangent_basis, grid.owner, grid.neighbour, grid.face_slots,
-                                      mom, side, mom2, side2)
-            self._prefetched[u] = (mom2, side2)
-            return mom, side
+                                      mom, side, mom2, side2, t == end, u == end)
+            self._prefetched[u] = (mom2 if u == end else None, side2)
+            return mom if t == end else None, side
         return self._compute_moments(a, a_prev, (t - tb) / (tb - ta))
+
+    def _pairs_allowed(self) -> bool:
+        """Moment sets in pairs (:meth:`_interpolated_moments`): on S^2, with the linear scheme and a limiter
+        that needs no face moments in the stage (not "maximum")."""
+        opt = self.options
+        return self._pair_moments and self.grid.dim == 3 and opt.scheme == "linear" and opt.limiter != "maximum"
 
     def _compute_moments(self, a, a_prev=None, c=0.0):
         """Face moments (F, 2 + 2d) and their cell-major outflow copy (N, K, 1 + d), as a pair, from the
@@ -891,15 +899,20 @@ class Solver:
         after a step and by the next step, and a time-dependent local field's last stage is the next
         state's (:meth:`_moments`)."""
         s = mom[2] if len(mom) > 2 else 1.0  # moments (m, side, s) stand for s m (s >= 0)
+        key = mom[1] if mom[0] is None else mom[0]
         for m0, rates in self._rates_of:
-            if m0 is mom[0]:
+            if m0 is key:
                 rate, div = rates
                 break
         else:
             g = self.grid
-            fv.cell_rates(mom[0], g.cell_faces, g.cell_face_sign, g.areas, self._rate, self._div)
-            rate, div = float(self._rate.max()), float(self._div.max())
-            self._rates_of = (self._rates_of + [(mom[0], (rate, div))])[-3:]
+            if mom[0] is None:  # a stage's set without face moments (_interpolated_moments): no divergence
+                fv.side_outflow_rates(mom[1], g.areas, self._rate)
+                rate, div = float(self._rate.max()), np.nan
+            else:
+                fv.cell_rates(mom[0], g.cell_faces, g.cell_face_sign, g.areas, self._rate, self._div)
+                rate, div = float(self._rate.max()), float(self._div.max())
+            self._rates_of = (self._rates_of + [(key, (rate, div))])[-3:]
         return (rate, div) if s == 1.0 else (s * rate, s * div)
 
     def _record(self):
@@ -983,7 +996,10 @@ class Solver:
         same history, gets the same bits, and leaves the model where the uninterrupted run left it."""
         self._model_before = self._model_state()
         self._activate(self.t)
-        return self._moments(self.t, self.f)
+        mom = self._moments(self.t, self.f)
+        if mom[0] is None:  # a stage's set without face moments (never the last stage's, which this is)
+            raise AssertionError(f"the state's moments at t = {self.t} lack their face moments")
+        return mom
 
     @property
     def evaluators(self) -> dict:
@@ -1082,9 +1098,12 @@ class Solver:
                 self._rhs_stage(u0, prev, mom, hs[s] * dt, alpha, out)
                 vals.append(out)
                 prev = out
-        finally:  # the pairs serve this attempt only (a rejected attempt's times are not asked for again)
+        finally:  # the pairs serve this attempt only; a set without face moments must not outlive it either
+            # (a retry at dt / 2 ends where this attempt's mid-stage was: that state needs its face moments)
             self._stage_times = ()
             self._prefetched.clear()
+            if any(m[0] is None for _, _, m in self._timed):
+                self._timed = [e for e in self._timed if e[2][0] is not None]
         return vals
 
     def check_step_budget(self, t_end: float):

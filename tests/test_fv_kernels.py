@@ -90,10 +90,31 @@ def test_face_side_moments_pair_equals_two_passes():
         out = [(np.full_like(m, np.nan), np.full_like(sd, np.nan)) for m, sd in ref]
         for _, sd in out:
             sd[g.cell_face_sign == 0] = 0.0
-        fv.face_side_moments_pair(a, a_prev, -0.3, -0.8, g.face_points, g.xbar, g.tangent_basis, g.owner,
-                                  g.neighbour, g.face_slots, out[0][0], out[0][1], out[1][0], out[1][1])
-        for (m, sd), (m0, sd0) in zip(out, ref):
-            assert np.array_equal(m, m0) and np.array_equal(sd, sd0)
+        for faces in ((True, True), (False, True), (True, False)):
+            for m, sd in out:
+                m[:] = np.nan
+                sd[g.cell_face_sign != 0] = np.nan
+            fv.face_side_moments_pair(a, a_prev, -0.3, -0.8, g.face_points, g.xbar, g.tangent_basis, g.owner,
+                                      g.neighbour, g.face_slots, out[0][0], out[0][1], out[1][0], out[1][1],
+                                      *faces)
+            for (m, sd), (m0, sd0), wanted in zip(out, ref, faces):
+                assert np.array_equal(sd, sd0)
+                # face moments where asked for, the array untouched (still NaN) where not
+                assert np.array_equal(m, m0) if wanted else np.isnan(m).all()
+
+
+def test_side_outflow_rates_equal_cell_rates():
+    # the outflow rate from the cell-major moments alone equals cell_rates' to the last bit (padding slots
+    # of the tensor grid included)
+    from spherepde.grids import TensorGrid
+
+    for g in (HealpixGrid(4), TensorGrid(3, 8)):
+        F, G = g.face_points.shape[:2]
+        mom, side = _face_side(g, RNG.normal(size=(F, G)), RNG.normal(size=(F, G)), 0.4)
+        rate, div, rate2 = np.empty(g.n_cells), np.empty(g.n_cells), np.full(g.n_cells, np.nan)
+        fv.cell_rates(mom, g.cell_faces, g.cell_face_sign, g.areas, rate, div)
+        fv.side_outflow_rates(side, g.areas, rate2)
+        assert np.array_equal(rate, rate2) and rate.min() >= 0
 
 
 def _side(g, mom):

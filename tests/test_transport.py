@@ -321,6 +321,28 @@ def test_interpolated_moments_in_pairs_give_the_same_bits(monkeypatch):
     assert runs[True][2] >= 20 and runs[False][2] == runs[True][2], calls
 
 
+def test_interpolated_pairs_survive_rejected_steps(monkeypatch):
+    """A stage set made without face moments (the pairs' non-final stage times) serves its attempt only. A
+    field that speeds up e^6-fold within a CFL step makes attempts fail their last stage's CFL check and
+    retry at half the step, whose end is the failed attempt's mid-stage: that state needs its face moments
+    (for the divergence of the record). Checked: the run completes with rejections, the recorded sup_div is
+    finite, and the bits equal the unpaired run's. Serving the attempt's set after it (no purge) fails
+    here."""
+    g = sp.HealpixGrid(4)
+    model = sp.Prescribed(lambda x, t: math.exp(30.0 * t) * np.cross([0.0, 0.0, 1.0], x), max_speed=1.0)
+    f0 = lambda x: 1.0 + x[:, 0]  # noqa: E731
+    runs = {}
+    for on in (True, False):
+        monkeypatch.setattr(sp.Solver, "_pair_moments", on)
+        s = sp.Solver(g, model, f0, sp.Options(field_time="interpolate", error_control=False))
+        for _ in range(12):
+            s.step()
+        runs[on] = (s.t, s.f.copy(), sum(s.diag["rejected"]), s.diag["sup_div"])
+    assert runs[True][2] > 0 and runs[True][2] == runs[False][2]
+    assert np.all(np.isfinite(runs[True][3]))
+    assert runs[True][0] == runs[False][0] and np.array_equal(runs[True][1], runs[False][1])
+
+
 @pytest.mark.parametrize("grid", ["adaptive", "layers"])
 def test_interpolated_field_across_regrids_and_layers(grid):
     """A regrid keeps the node times and re-evaluates their weights on the new cells; a layer boundary ends

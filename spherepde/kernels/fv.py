@@ -117,6 +117,12 @@ def _point_moments3(ag, pts, f, gg, xo0, xo1, xo2, xn0, xn1, xn2, P, Nn, p0, p1,
 def _store_face3(mom, side, slots, basis, o, n, f, P, p0, p1, p2, Nn, n0, n1, n2):
     """Row f of the face moments on S^2 and its two slots of the cell-major copy (tangent frames)."""
     _store_moments3(mom, f, P, p0, p1, p2, Nn, n0, n1, n2)
+    _store_side3(side, slots, basis, o, n, f, P, p0, p1, p2, Nn, n0, n1, n2)
+
+
+@njit(inline="always")
+def _store_side3(side, slots, basis, o, n, f, P, p0, p1, p2, Nn, n0, n1, n2):
+    """The two slots of face f in the cell-major moments on S^2 (tangent frames)."""
     so = slots[f, 0]
     sn = slots[f, 1]
     side[o, so, 0] = P
@@ -194,9 +200,12 @@ def face_side_moments(a, a_prev, c, pts, xbar, basis, owner, neigh, slots, mom, 
 
 
 @njit(parallel=True, cache=True)
-def face_side_moments_pair(a, a_prev, c1, c2, pts, xbar, basis, owner, neigh, slots, mom1, side1, mom2, side2):
+def face_side_moments_pair(a, a_prev, c1, c2, pts, xbar, basis, owner, neigh, slots, mom1, side1, mom2, side2,
+                           faces1, faces2):
     """:func:`face_side_moments` at two times in one pass, on S^2 (d = 3): the weights a + c1 (a - a_prev)
-    into (mom1, side1) and a + c2 (a - a_prev) into (mom2, side2), the same bits as two calls.
+    into (mom1, side1) and a + c2 (a - a_prev) into (mom2, side2), the same bits as two calls. The face
+    moments of a time are written only where ``faces1`` (``faces2``) is True; otherwise ``mom1`` (``mom2``)
+    is not touched and only the cell-major copy is made (what the linear stage kernel reads).
 
     What it is for: a field interpolated in time between two nodes (``Options.field_time``) is asked for
     at two stage times of a step (t + dt / 2 and t + dt for SSP-RK(4,3)) that usually lie between the same
@@ -217,8 +226,12 @@ def face_side_moments_pair(a, a_prev, c1, c2, pts, xbar, basis, owner, neigh, sl
                                                             xn2, P, Nn, p0, p1, p2, n0, n1, n2)
             Q, Mm, q0, q1, q2, m0, m1, m2 = _point_moments3(ag + c2 * dg, pts, f, gg, xo0, xo1, xo2, xn0, xn1,
                                                             xn2, Q, Mm, q0, q1, q2, m0, m1, m2)
-        _store_face3(mom1, side1, slots, basis, o, n, f, P, p0, p1, p2, Nn, n0, n1, n2)
-        _store_face3(mom2, side2, slots, basis, o, n, f, Q, q0, q1, q2, Mm, m0, m1, m2)
+        if faces1:
+            _store_moments3(mom1, f, P, p0, p1, p2, Nn, n0, n1, n2)
+        _store_side3(side1, slots, basis, o, n, f, P, p0, p1, p2, Nn, n0, n1, n2)
+        if faces2:
+            _store_moments3(mom2, f, Q, q0, q1, q2, Mm, m0, m1, m2)
+        _store_side3(side2, slots, basis, o, n, f, Q, q0, q1, q2, Mm, m0, m1, m2)
 
 
 @njit(parallel=True, cache=True)
@@ -928,6 +941,18 @@ def cell_rates(mom, cell_faces, cell_sign, area, courant_rate, divergence):
             net += sg * (mom[fc, 0] + mom[fc, 1 + d])
         courant_rate[i] = out / area[i]
         divergence[i] = net / area[i]
+
+
+@njit(parallel=True, cache=True)
+def side_outflow_rates(side, area, courant_rate):
+    """Per cell the outflow rate sum_faces q / |C| from the cell-major moments ``side`` (N, K, ...) (q in
+    slot 0, padding slots 0): the same bits as :func:`cell_rates`' rate, without the face moments."""
+    N, K = side.shape[:2]
+    for i in prange(N):
+        out = 0.0
+        for k in range(K):
+            out += side[i, k, 0]
+        courant_rate[i] = out / area[i]
 
 
 @njit(parallel=True, cache=True)
