@@ -175,12 +175,29 @@ def main(argv=None):
         plain_calls[0] += 1
         return plain_np.velocity(x, t)
 
+    # The ratio to the steady field is taken against steady blocks timed the same way just before and
+    # just after each interpolated run: this machine's speed drifts by up to 2x between minutes (the steady
+    # median above was 0.048 s in one run of this script and 0.105 s in the next, on 2026-12-03), so a
+    # steady median from minutes earlier is no reference for a ratio
+    steady_solver = Solver(grid, steady, f0, Options())
+    steady_solver.step()
+
+    def steady_blocks():
+        out = []
+        for _ in range(args.blocks):
+            t = time.perf_counter()
+            for _ in range(args.block):
+                steady_solver.step()
+            out.append((time.perf_counter() - t) / args.block)
+        return out
+
     for label, m in (("plain velocity(x, t), field_time = \"interpolate\"",
                       Prescribed(counted, max_speed=plain_np.max_speed)),
                      ("Prescribed.compiled, field_time = \"interpolate\"", deformational_compiled())):
         solver = Solver(grid, m, f0, Options(field_time="interpolate"))
         for _ in range(args.warmup):
             solver.step()
+        around = steady_blocks()
         blocks, evals = [], 0
         nodes_before = set(solver._nodes)
         seen = set()
@@ -190,13 +207,16 @@ def main(argv=None):
                 solver.step()
                 seen.update(solver._nodes)
             blocks.append((time.perf_counter() - t) / args.block)
+        around += steady_blocks()
         evals = len(seen - nodes_before)
         q = np.percentile(blocks, [0, 50, 100])
+        sq = np.percentile(around, [0, 50, 100])
         imed[label] = q[1]
-        irows.append(f"| {label} | {q[1]:.4f} [{q[0]:.4f}, {q[2]:.4f}] | {q[1] / ref:.2f}x | "
-                     f"{args.blocks * args.block} | {evals} | {solver._node_h:.3g} | "
+        irows.append(f"| {label} | {q[1]:.4f} [{q[0]:.4f}, {q[2]:.4f}] | {sq[1]:.4f} [{sq[0]:.4f}, {sq[2]:.4f}] | "
+                     f"{q[1] / sq[1]:.2f}x | {args.blocks * args.block} | {evals} | {solver._node_h:.3g} | "
                      f"{max(solver.diag['field_error'][-args.blocks * args.block:]):.1e} |")
         del solver
+    del steady_solver
     # what the interpolation costs in accuracy: one period of the same flow at nside 64 (the exact solution
     # at t = 5 is f0), the field exact (its separable form, which equals the plain field to rounding) and
     # interpolated at the default rtol
@@ -257,10 +277,12 @@ def main(argv=None):
         "",
         f"The same flow evaluated at time nodes and interpolated linearly between them (the predicted relative",
         f"error kept <= rtol / 2 = 5e-4). Wall time per step of {args.blocks} blocks of {args.block} steps each,",
-        f"after {args.warmup} warm-up steps, so that the node evaluations are in the cost:",
+        f"after {args.warmup} warm-up steps, so that the node evaluations are in the cost. The steady field is",
+        f"timed the same way, {args.blocks} blocks just before and {args.blocks} just after each run (the machine's",
+        "speed drifts between minutes), and the ratio is the two medians':",
         "",
-        "| field | s per step: median [min, max] of the blocks | x steady | steps | node evaluations | node spacing | largest predicted field error |",
-        "|---|---|---|---|---|---|---|",
+        "| field | s per step: median [min, max] of the blocks | steady around it: median [min, max] | x steady | steps | node evaluations | node spacing | largest predicted field error |",
+        "|---|---|---|---|---|---|---|---|",
         *irows,
         "",
         acc_line,
