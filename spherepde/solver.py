@@ -122,7 +122,9 @@ class Options:
         ``field_interval`` keeps for the attention field; it holds with or without ``error_control``). The
         first interval is one step long (no curvature is known yet); a node is never closer than an eighth
         of a step (a field that jumps is then interpolated across that). The predicted error of the
-        interval in use is recorded as ``diagnostics["field_error"]``. Measured: ``validation/bench_transport.py``.
+        interval in use is recorded as ``diagnostics["field_error"]``. Two stage times of a step between the
+        same two nodes get their moments in one pass over the faces (on S^2 with the linear scheme; the same
+        bits as two passes). Measured: ``validation/bench_transport.py``.
     max_steps : int, default 10**8
         Safety stop; exceeding it raises.
     """

@@ -55,7 +55,7 @@ DT_SAVE = 0.25
 NS = (200, 1000, 10000, 100000)
 SEEDS = 20
 SEEDS_LARGE = 20
-SEEDS_HUGE = 4
+SEEDS_HUGE = 8
 #: The field's certified tolerance at n >= 1e5: 1e-10 lets the near-uniform phase use the fast
 #: transforms (0.1 s a step against 2.3 s for the pruned sums at the default 1e-12); a run then takes ~13 min.
 TOL_HUGE = 1e-10
