@@ -55,7 +55,9 @@ A sweep directory holds::
                         record.json: the member's outcome, written atomically when it is finished)
 
 Resume and faults. A member is identified by ``key``, the SHA-256 of its full validated configuration
-(defaults filled in). A rerun skips members whose ``record.json`` carries their key, and
+(defaults filled in: a version whose default changed gets new keys, so a cached member never stands for a
+run this version would do differently; the price is that a version adding an option recomputes each
+member once). A rerun skips members whose ``record.json`` carries their key, and
 ``run_experiment`` resumes a partial member from its checkpoint bit for bit, so a sweep killed at any
 moment and rerun gives the dataset of an uninterrupted sweep. A member that raises is recorded with
 ``status = "failed"`` and its error and the others go on; its next rerun tries it again. When a worker
