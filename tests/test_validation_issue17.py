@@ -75,3 +75,28 @@ def test_token_ensembles_large_runs_go_in_chunks_and_resume(tmp_path, monkeypatc
     again = mod.one_run(60, 1, 1.0, tmp_path / "b", tol=1e-10)
     assert len(rerun) == 1  # only the second chunk is run again
     assert again["align_E"] == whole["align_E"] and again["align_F"] == whole["align_F"]
+
+
+def test_transition_law_fit_and_criteria():
+    """validation/transition_law (issue #17 item 3), its analysis on synthetic times (no run): the fit
+    t = a + b log(1/eps) recovers a and b over the finite times and skips the runs that never left E, and
+    the criteria pass on the two-cluster law (b = 1, every run leaving E) and fail when a run stays on E
+    or the slope is 3x (what nside 32 measured: b = 3.69)."""
+    import numpy as np
+
+    mod = C.load_study("transition_law")
+    eps = np.array([1e-1, 1e-2, 1e-3, 1e-4, 1e-5])
+    t = 2.0 + 1.0 * np.log(1 / eps)
+    f = mod.fit(eps, np.where(eps < 1e-4, np.nan, t))
+    assert f["points"] == 4 and abs(f["a"] - 2.0) < 1e-12 and abs(f["b"] - 1.0) < 1e-12
+    assert mod.fit(eps[:2], t[:2]) is None  # fewer than three points: no fit
+
+    def res_of(times):
+        rows = [{"nside": 32, "eps": e, "t_exit": x, "mass_drift": 1e-16, "min": 1e-30} for e, x in zip(eps, times)]
+        return {"rows": rows, "fits": {"nside 32 t_exit": mod.fit(eps, times)}, "b_predicted": 1.0, "quick": False}
+
+    assert all(c["pass"] for c in mod.criteria(res_of(t)))
+    stays = mod.criteria(res_of(np.where(eps < 1e-3, np.nan, t)))
+    assert [c["pass"] for c in stays] == [True, True, False, True]
+    steep = mod.criteria(res_of(2.0 + 3.0 * np.log(1 / eps)))
+    assert [c["pass"] for c in steep] == [True, True, True, False]

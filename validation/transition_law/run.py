@@ -192,9 +192,9 @@ def criteria(res) -> list[dict]:
     full = max(counts.values())
     n = max(k for k, v in counts.items() if v == full)
     out.append(C.at_least(f"nside {n}: runs leaving E by T (of {full})",
-                          sum(np.isfinite(r["t_exit"]) for r in rows if r["nside"] == n), full))
+                          int(sum(np.isfinite(r["t_exit"]) for r in rows if r["nside"] == n)), full))
     fe = res["fits"].get(f"nside {n} t_exit")
-    rel = abs(fe["b"] - res["b_predicted"]) / res["b_predicted"] if fe else float("nan")
+    rel = float(abs(fe["b"] - res["b_predicted"]) / res["b_predicted"]) if fe else float("nan")
     out.append(C.at_most(f"exploratory: nside {n}: slope b of t_exit against log(1/eps), relative to the two-cluster "
                          f"1 / tanh(beta) (b = {fe['b']:.3f})" if fe else f"exploratory: nside {n}: slope b (no fit)",
                          rel, 0.2))
