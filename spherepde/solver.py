@@ -367,8 +367,8 @@ class Solver:
         self._timed = []  # the last two (interval, t, moments) of time-dependent local fields
         self._history: list[tuple[float, np.ndarray]] = []  # (t, face weights a) for field_interval (per grid)
         self._node_a = {}  # node time -> face weights a of field_time="interpolate" on this grid
-        self._stage_times = ()  # the attempt's later stage times (field_time="interpolate": moments in pairs)
-        self._prefetched = {}  # stage time -> moments computed with an earlier stage's (_interpolated_moments)
+        self._stage_times = ()  # the attempt's stage times after its first (field_time="interpolate": pairs)
+        self._prefetched = {}  # stage time -> moments made in one pass with another stage's (_interpolated_moments)
         self._side4_of = None  # (moments side, its compact copy) of the compact stage kernel (_side4)
         self._extrema = None  # (f, min f, max f) of the state step() just made, for _record
 
