@@ -184,7 +184,10 @@ def plot(res, path):
 def criteria(res) -> list[dict]:
     rows = res["rows"]
     out = [C.mass_conserved("all runs", max(r["mass_drift"] for r in rows)),
-           C.positive("all runs", min(r["min"] for r in rows))]
+           # the scheme guarantees f >= 0; where the clusters have emptied a region the density decays
+           # through the subnormal range (9e-314 at nside 32) and underflows to exactly 0 (nside 64)
+           C.at_least("all runs: min f (non-negative; the emptied regions underflow to 0)",
+                      float(min(r["min"] for r in rows)), 0.0)]
     if res.get("quick"):
         return out
     # the finest grid that has every eps: every run leaves E by T (the law needs the exit at all four decades)
