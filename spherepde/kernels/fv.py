@@ -114,6 +114,14 @@ def _point_moments3(ag, pts, f, gg, xo0, xo1, xo2, xn0, xn1, xn2, P, Nn, p0, p1,
 
 
 @njit(inline="always")
+def _face_ends3(owner, neigh, xbar, f):
+    """Owner and neighbour of face f and their mean positions on S^2."""
+    o = owner[f]
+    n = neigh[f]
+    return o, n, xbar[o, 0], xbar[o, 1], xbar[o, 2], xbar[n, 0], xbar[n, 1], xbar[n, 2]
+
+
+@njit(inline="always")
 def _store_face3(mom, side, slots, basis, o, n, f, P, p0, p1, p2, Nn, n0, n1, n2):
     """Row f of the face moments on S^2 and its two slots of the cell-major copy (tangent frames)."""
     _store_moments3(mom, f, P, p0, p1, p2, Nn, n0, n1, n2)
@@ -166,10 +174,7 @@ def face_side_moments(a, a_prev, c, pts, xbar, basis, owner, neigh, slots, mom, 
     d = xbar.shape[1]
     if d == 3:
         for f in prange(F):
-            o = owner[f]
-            n = neigh[f]
-            xo0, xo1, xo2 = xbar[o, 0], xbar[o, 1], xbar[o, 2]
-            xn0, xn1, xn2 = xbar[n, 0], xbar[n, 1], xbar[n, 2]
+            o, n, xo0, xo1, xo2, xn0, xn1, xn2 = _face_ends3(owner, neigh, xbar, f)
             P = Nn = p0 = p1 = p2 = n0 = n1 = n2 = 0.0
             for gg in range(G):
                 ag = a[f, gg]
@@ -213,10 +218,7 @@ def face_side_moments_pair(a, a_prev, c1, c2, pts, xbar, basis, owner, neigh, sl
     0.075-0.079 s for two calls at nside 256 (random weights, this 2-core machine)."""
     F, G = a.shape
     for f in prange(F):
-        o = owner[f]
-        n = neigh[f]
-        xo0, xo1, xo2 = xbar[o, 0], xbar[o, 1], xbar[o, 2]
-        xn0, xn1, xn2 = xbar[n, 0], xbar[n, 1], xbar[n, 2]
+        o, n, xo0, xo1, xo2, xn0, xn1, xn2 = _face_ends3(owner, neigh, xbar, f)
         P = Nn = p0 = p1 = p2 = n0 = n1 = n2 = 0.0
         Q = Mm = q0 = q1 = q2 = m0 = m1 = m2 = 0.0
         for gg in range(G):
