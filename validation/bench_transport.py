@@ -167,14 +167,7 @@ def main(argv=None):
     # Options(field_time="interpolate"): the field at time nodes, linear in time between. A node costs a
     # full evaluation every ~100 steps, so per-step medians would hide it: the cost is each block's wall
     # time over its steps (blocks after a warm-up that passes the first nodes' start-up)
-    irows, imed = [], {}
-    plain_calls = [0]
-    plain_np = deformational(False)
-
-    def counted(x, t):
-        plain_calls[0] += 1
-        return plain_np.velocity(x, t)
-
+    irows = []
     # The ratio to the steady field is taken against steady blocks timed the same way just before and
     # just after each interpolated run: this machine's speed drifts by up to 2x between minutes (the steady
     # median above was 0.048 s in one run of this script and 0.105 s in the next, on 2026-12-03), so a
@@ -182,36 +175,30 @@ def main(argv=None):
     steady_solver = Solver(grid, steady, f0, Options())
     steady_solver.step()
 
-    def steady_blocks():
+    def timed_blocks(solver, seen=None):
+        """Wall time per step of args.blocks blocks of args.block steps (``seen`` collects the node times)."""
         out = []
         for _ in range(args.blocks):
             t = time.perf_counter()
             for _ in range(args.block):
-                steady_solver.step()
+                solver.step()
+                if seen is not None:
+                    seen.update(solver._nodes)
             out.append((time.perf_counter() - t) / args.block)
         return out
 
-    for label, m in (("plain velocity(x, t), field_time = \"interpolate\"",
-                      Prescribed(counted, max_speed=plain_np.max_speed)),
+    for label, m in (("plain velocity(x, t), field_time = \"interpolate\"", deformational(False)),
                      ("Prescribed.compiled, field_time = \"interpolate\"", deformational_compiled())):
         solver = Solver(grid, m, f0, Options(field_time="interpolate"))
         for _ in range(args.warmup):
             solver.step()
-        around = steady_blocks()
-        blocks, evals = [], 0
-        nodes_before = set(solver._nodes)
-        seen = set()
-        for _ in range(args.blocks):
-            t = time.perf_counter()
-            for _ in range(args.block):
-                solver.step()
-                seen.update(solver._nodes)
-            blocks.append((time.perf_counter() - t) / args.block)
-        around += steady_blocks()
+        around = timed_blocks(steady_solver)
+        nodes_before, seen = set(solver._nodes), set()
+        blocks = timed_blocks(solver, seen)
+        around += timed_blocks(steady_solver)
         evals = len(seen - nodes_before)
         q = np.percentile(blocks, [0, 50, 100])
         sq = np.percentile(around, [0, 50, 100])
-        imed[label] = q[1]
         irows.append(f"| {label} | {q[1]:.4f} [{q[0]:.4f}, {q[2]:.4f}] | {sq[1]:.4f} [{sq[0]:.4f}, {sq[2]:.4f}] | "
                      f"{q[1] / sq[1]:.2f}x | {args.blocks * args.block} | {evals} | {solver._node_h:.3g} | "
                      f"{max(solver.diag['field_error'][-args.blocks * args.block:]):.1e} |")
