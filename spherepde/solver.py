@@ -112,8 +112,8 @@ class Options:
         Time-dependent local fields given point-wise (``Prescribed(velocity)`` with a plain NumPy
         ``velocity(x, t)``, or ``Prescribed.compiled``) only; separable fields (``Prescribed.separable``)
         are already cheap and ignore it. "exact": the field is evaluated at every new stage time (the method
-        of lines; about 100 times the cost of a steady field at nside 256 for a NumPy field, 18 times for a
-        compiled one). "interpolate": the field's normal velocities at the face Gauss points are evaluated
+        of lines; about 100 times the cost of a steady field at nside 256 for a NumPy field, 15-17 times for
+        a compiled one). "interpolate": the field's normal velocities at the face Gauss points are evaluated
         at time nodes and interpolated linearly in time in between, as offline transport models
         interpolate stored velocity snapshots. The nodes are placed ahead of the run, because the field is
         a function of t alone: each new node's spacing H is chosen, and the node re-placed closer when it
