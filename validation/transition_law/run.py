@@ -19,7 +19,6 @@ Writes results.json, results.md and transition_law.png beside this file (quick: 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
