@@ -80,6 +80,56 @@ def test_default_tolerances_match_a_twentieth_of_the_step(g8, case):
 
 
 # --------------------------------------------------------------------------------------- temporal orders
+def _butcher(stepper):
+    """The Butcher tableau of a registered scheme, built from its Shu-Osher coefficients with exact
+    fractions: rows A[j] of the stage values u_j = u_0 + dt sum_k A[j, k] k_k (k_k = L(u_{k-1})), and the
+    nodes c_k = sum A[k - 1] (the time of the value each slope is taken at)."""
+    from fractions import Fraction
+
+    n = stepper.n_stages
+    hs = [Fraction(h).limit_denominator(1000) for h in stepper.stage_fractions]
+    A = [[Fraction(0)] * n]
+    for s, (alpha, _) in enumerate(stepper.stages + stepper.extra):  # alpha u_0 + (1 - alpha)(u_s + h dt k)
+        alpha = Fraction(alpha).limit_denominator(1000)
+        A.append([alpha * A[0][k] + (1 - alpha) * (A[s][k] + (hs[s] if k == s else 0)) for k in range(n)])
+    return A, [sum(A[k]) for k in range(n)]
+
+
+@pytest.mark.parametrize("name", sorted(STEPPERS))
+def test_order_conditions_of_each_pair(name):
+    """Every registered pair from its own Shu-Osher coefficients: the answer u_S satisfies the order
+    conditions of its stated order (1: sum b = 1; 2: sum b c = 1/2; 3: sum b c^2 = 1/3 and b . A c = 1/6);
+    the error estimate, answer minus embedded combination (weights summing to 1), satisfies those of the
+    controller's order q (its ratio scales as dt^q) and not all of order q + 1 (else the estimate would
+    vanish to leading order and the steps grow unchecked); each stage's c is the time of the value its
+    slope is taken at. Exact in rational arithmetic: SSP-RK(4,3)'s 2/3 written as 1/3, or its embedded
+    2 u_3 - u_0 as 2 u_2 - u_0, fails."""
+    from fractions import Fraction
+
+    st = STEPPERS[name]
+    A, c = _butcher(st)
+    n = st.n_stages
+    for s, (_, cs) in enumerate(st.stages + st.extra):
+        assert Fraction(cs).limit_denominator(1000) == c[s], (name, s)
+    Ac = [sum(A[j][k] * c[k] for k in range(n)) for j in range(n)]
+
+    def defects(b):
+        return [sum(b) - 1, sum(bk * ck for bk, ck in zip(b, c)) - Fraction(1, 2),
+                sum(bk * ck * ck for bk, ck in zip(b, c)) - Fraction(1, 3),
+                sum(bk * a for bk, a in zip(b, Ac)) - Fraction(1, 6)]
+
+    answer = defects(A[len(st.stages)])
+    need = {1: 1, 2: 2, 3: 4}
+    assert all(d == 0 for d in answer[:need[st.order]]), (name, answer)
+    w = [Fraction(x).limit_denominator(1000) for x in st.embedded]
+    assert sum(w) == 1
+    emb = defects([sum(w[j] * A[j][k] for j in range(n + 1)) for k in range(n)])
+    est = [a - e for a, e in zip(answer, emb)]  # the defects of (answer - embedded)'s weights b - b_hat
+    q = st.embedded_order
+    assert all(d == 0 for d in est[:need[q]]), (name, est)
+    assert any(d != 0 for d in est[need[q]:need[q + 1]]), (name, est)
+
+
 @pytest.mark.parametrize("stepper", sorted(STEPPERS))
 def test_temporal_order_of_each_stepper_on_a_nonlocal_problem(stepper):
     """Fixed steps h, h/2, h/4 on a fixed grid against a tiny-step reference of the same system."""
