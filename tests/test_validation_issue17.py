@@ -100,3 +100,70 @@ def test_transition_law_fit_and_criteria():
     assert [c["pass"] for c in stays] == [True, True, False, True]
     steep = mod.criteria(res_of(2.0 + 3.0 * np.log(1 / eps)))
     assert [c["pass"] for c in steep] == [True, True, True, False]
+
+
+def test_transition_law_other_beta_is_its_own_sweep():
+    """``--beta 100``: every member of both sweeps (nside 16/32 and 64) runs at that beta under a sweep name
+    of its own (so its run directories and cache entries never mix with beta 30's), and the outputs are
+    the tagged results_beta100.* (the criteria CLI finds that JSON); beta 30 keeps the plain names."""
+    mod = C.load_study("transition_law")
+    base = mod.specs(False, True)
+    hot = mod.specs(False, True, 100.0)
+    assert [s.name for s in hot] == [s.name + "_beta100" for s in base]
+    for s30, s100 in zip(base, hot):
+        m30, m100 = s30.members(), s100.members()
+        assert len(m100) == len(m30) > 0
+        assert {m.config.model.beta for m in m100} == {100.0} and {m.config.model.beta for m in m30} == {30.0}
+        # the same grids and amplitudes: only beta differs
+        assert sorted((m.config.grid.nside, m.config.initial.eps) for m in m100) == \
+            sorted((m.config.grid.nside, m.config.initial.eps) for m in m30)
+    assert mod.results_for(["--beta", "100"]).name == "results_beta100.json"
+    assert mod.results_for([]).name == "results.json"
+
+
+def test_fig4_ladder_csv_is_the_contract_and_matches_the_runs(tmp_path):
+    """validation/fig4_concentration/ladder.csv (issue #17 item 1), read as external checks read it (pandas
+    and the csv module): exactly the issue's columns in its order, one row per density run to T = 20 of
+    results.json, empty (NaN) where a time does not occur by T, each value equal to its run's; the file on
+    disk is what the study writes from results.json now (not stale); eps is the amplitude the sweeps'
+    base config gives the perturbed f0; and the ladder's status between the two finest levels is what the
+    README reports (t_exit moves 30 % and 29 % from nside 32 to 64 at beta 30 and 100: not converged)."""
+    import csv
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    from spherepde.sweeps import load_sweep
+
+    mod = C.load_study("fig4_concentration")
+    here = C.VALID / "fig4_concentration"
+    recs = json.loads((here / "results.json").read_text())["runs"]
+    with open(here / "ladder.csv", newline="") as fh:
+        header = next(csv.reader(fh))
+    assert tuple(header) == mod.LADDER_COLUMNS == ("beta", "f0", "eps", "nside_max", "t_exit", "t_EF",
+                                                   "plateau_w2", "max_cells", "wall_s")
+    df = pd.read_csv(here / "ladder.csv")
+    assert len(df) == len(recs) > 0
+    by_key = {(r["f0"], str(r["beta"]), r["nside"]): r for r in recs}
+    for row in df.itertuples():
+        beta = "inf" if np.isinf(row.beta) else f"{row.beta:g}"
+        r = by_key[(row.f0, beta, row.nside_max)]
+        for col, key in (("t_exit", "t_exit"), ("t_EF", "t_EF"), ("plateau_w2", "min_W2")):
+            val, want = getattr(row, col), r[key]
+            if want is None or not np.isfinite(want):
+                assert np.isnan(val), (row, col)
+            else:
+                assert abs(val - want) <= 1e-5 * abs(want), (row, col)  # written to 6 significant digits
+        assert row.max_cells == 12 * row.nside_max ** 2 and abs(row.wall_s - r["wall_s"]) <= 0.05
+        assert row.eps == (mod.EPS if row.f0 == "perturbed" else 0.0)
+    out = tmp_path / "ladder.csv"
+    mod.write_ladder(recs, out)
+    assert out.read_text() == (here / "ladder.csv").read_text()
+    member = next(m for m in load_sweep(here / "sweeps" / "main.toml").members()
+                  if m.config.initial.type == "perturbed_uniform")
+    assert member.config.initial.eps == mod.EPS
+    status = {(s["f0"], s["beta"]): s for s in mod.ladder_status(recs)}
+    for beta, rel in (("30", 0.300), ("100", 0.289)):
+        s = status[("perturbed", beta)]
+        assert s["levels"] == [32, 64] and abs(s["t_exit"] - rel) < 5e-4 and s["t_exit"] > 0.02

@@ -18,7 +18,14 @@ a rerun of a piece resumes them (finished members are skipped; --fresh reruns al
 piece reruns every member unless --resume. Each member's record is written
 to runs/<key>.json, so the study can be run in pieces (--nside, --extended) and assembled
 (--report-only).
-Writes results.md, results.json, curves.png, transition.png, minw2.png (quick: *_quick.*).
+Writes results.md, results.json, curves.png, transition.png, minw2.png and ladder.csv (quick: *_quick.*);
+``--ladder-only`` rewrites ladder.csv from results.json (no runs).
+
+ladder.csv (issue #17 item 1, read by external checks): one row per density run to T = 20, with the
+columns beta, f0, eps, nside_max, t_exit, t_EF, plateau_w2, max_cells, wall_s; a time that does not occur
+by T is empty. These runs are on uniform HEALPix grids, so nside_max is the grid's nside and max_cells its
+12 nside^2 cells; plateau_w2 is min_t W2(rho_t, Pi#rho_0). Not converged: the README's "Grid independence"
+and ``ladder_status`` below give the relative change between the two finest levels of each setting.
 """
 from __future__ import annotations
 
@@ -45,6 +52,63 @@ DT_SAVE = 0.25
 NSIDES = (8, 16, 32, 64)  # every beta and both f0 at every resolution: grid independence (issue 6)
 SEEDS = (0, 1, 2, 3, 4)
 EXTENDED = [(16, "perturbed", 30.0, 40.0), (16, "perturbed", 100.0, 50.0)]  # does the density reach F after the intermediate state?
+
+
+#: The columns of ladder.csv, in this order (the issue's contract).
+LADDER_COLUMNS = ("beta", "f0", "eps", "nside_max", "t_exit", "t_EF", "plateau_w2", "max_cells", "wall_s")
+#: The amplitude of the perturbed f0 (sweeps/base.toml leaves initial.eps at the config default; a test
+#: checks that they agree).
+EPS = 0.05
+
+
+def ladder_rows(recs) -> list[dict]:
+    """The rows of ladder.csv from the study's records (runs to T = 20), sorted by f0, beta and nside."""
+    def bnum(b):
+        return np.inf if b == "inf" else float(b)
+
+    def opt(x):
+        return "" if x is None or not np.isfinite(x) else f"{x:.6g}"
+
+    rows = []
+    for r in sorted(recs, key=lambda r: (r["f0"], bnum(r["beta"]), r["nside"])):
+        rows.append({"beta": "inf" if r["beta"] == "inf" else f"{bnum(r['beta']):g}", "f0": r["f0"],
+                     "eps": f"{EPS if r['f0'] == 'perturbed' else 0.0:g}", "nside_max": str(r["nside"]),
+                     "t_exit": opt(r["t_exit"]), "t_EF": opt(r["t_EF"]), "plateau_w2": opt(r["min_W2"]),
+                     "max_cells": str(12 * r["nside"] ** 2), "wall_s": f"{r['wall_s']:.1f}"})
+    return rows
+
+
+def write_ladder(recs, path: Path) -> None:
+    """ladder.csv (see the module docstring)."""
+    import csv
+
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=LADDER_COLUMNS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(ladder_rows(recs))
+
+
+def ladder_status(recs) -> list[dict]:
+    """Per (f0, beta): the two finest levels and the relative changes between them that the issue's bar
+    judges (t_exit and t_EF within 2 %, plateau W2 within 5 %); None where a time is missing at either."""
+    out = []
+    for key in sorted({(r["f0"], r["beta"]) for r in recs}, key=str):
+        sel = sorted((r for r in recs if (r["f0"], r["beta"]) == key), key=lambda r: r["nside"])
+        if len(sel) < 2:
+            continue
+        a, b = sel[-2], sel[-1]
+
+        def rel(q):
+            x, y = a[q], b[q]
+            if x is None or y is None or not (np.isfinite(x) and np.isfinite(y)):
+                return None
+            return float(abs(y - x) / abs(y)) if y else None
+
+        out.append({"f0": key[0], "beta": key[1], "levels": [a["nside"], b["nside"]], "t_exit": rel("t_exit"),
+                    "t_EF": rel("t_EF"), "plateau_w2": rel("min_W2"),
+                    "t_exit_occurs": [a["t_exit"] is not None and np.isfinite(a["t_exit"]),
+                                      b["t_exit"] is not None and np.isfinite(b["t_exit"])]})
+    return out
 
 
 def bkey(beta):
@@ -232,6 +296,7 @@ def main(argv=None):
     ap.add_argument("--results", default=None, help="with --check-only: this results JSON")
     ap.add_argument("--nside", type=int, nargs="*", default=None, help="only these resolutions")
     ap.add_argument("--report-only", action="store_true", help="only assemble what runs/ holds")
+    ap.add_argument("--ladder-only", action="store_true", help="only rewrite ladder.csv from results.json")
     ap.add_argument("--extended", action="store_true", help="only the long runs (sweeps/extended.toml)")
     ap.add_argument("--fresh", action="store_true", help="rerun every member (the default of the full mode "
                     "in one piece, as make validate runs it; pieces resume their sweeps)")
@@ -240,6 +305,10 @@ def main(argv=None):
     eng.add_argument("--workers", type=int, default=None, help="LocalCluster workers (default: one per core)")
     eng.add_argument("--scheduler", default=None, help="a running Dask scheduler (or DASK_SCHEDULER_ADDRESS)")
     a = ap.parse_args(argv)
+    if a.ladder_only:
+        src = HERE / ("results_quick.json" if a.quick else "results.json")
+        write_ladder(json.loads(src.read_text())["runs"], HERE / ("ladder_quick.csv" if a.quick else "ladder.csv"))
+        return
     from spherepde.sweeps import load_sweep
 
     # a member is keyed by its configuration only, so results of older code would be reused: the full
@@ -280,6 +349,7 @@ def main(argv=None):
                                                          "extended": extended}))
     write_md(res, recs, sfx, extended)
     figures(recs, parts, res, sfx, extended)
+    write_ladder(recs, HERE / f"ladder{sfx}.csv")
     return res
 
 
