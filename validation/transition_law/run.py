@@ -12,13 +12,15 @@ size eps takes log(1 / eps) / tanh(beta) to grow: b = 1 / tanh(30) = 1.000 if th
 part at collapse is proportional to eps. The stall on the cone is left at rate 1 (b = 1 again for t_EF
 if its perturbation is proportional to eps too).
 
-Usage: python validation/transition_law/run.py [--quick] [--no-n64]  (quick: nside 8, eps 1e-1 and 1e-3,
-T = 20; --no-n64: without the two nside 64 members of ``sweep_n64.toml``, ~1 h)
+Usage: python validation/transition_law/run.py [--quick] [--no-n64] [--beta B]  (quick: nside 8, eps 1e-1 and
+1e-3, T = 20; --no-n64: without the two nside 64 members of ``sweep_n64.toml``, ~1 h; --beta: the same
+members at another beta, written as *_beta<B>.*)
 Writes results.json, results.md and transition_law.png beside this file (quick: *_quick.*).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -36,14 +38,21 @@ B_PREDICTED = 1.0 / np.tanh(BETA)  # the antipodal mode's inverse rate at (e1, -
 QUICK = {"grid.nside": [8], "initial.eps": [1e-1, 1e-3], "time.t_end": 20.0}
 
 
-def specs(quick: bool, n64: bool = True):
+def specs(quick: bool, n64: bool = True, beta: float = BETA):
     """The sweeps: sweep.toml (nside 16 and 32, five eps) and sweep_n64.toml (nside 64, eps 1e-3 and 1e-4);
-    quick: nside 8, two eps, T = 20."""
+    quick: nside 8, two eps, T = 20; another ``beta``: the same members at that beta (sweeps of their own
+    names)."""
     import tomllib
 
     from spherepde.sweeps import parse_sweep
 
-    raw = tomllib.loads((HERE / "sweep.toml").read_text())
+    def at_beta(raw):
+        if beta != BETA:
+            raw["sweep"]["name"] += f"_beta{beta:g}"
+            raw["set"]["model.beta"] = float(beta)
+        return raw
+
+    raw = at_beta(tomllib.loads((HERE / "sweep.toml").read_text()))
     if quick:
         raw["sweep"]["name"] = "transition_law_quick"
         raw["axes"] = {k: QUICK[k] for k in ("grid.nside", "initial.eps")}
@@ -51,7 +60,7 @@ def specs(quick: bool, n64: bool = True):
         return [parse_sweep(raw, base_dir=HERE)]
     out = [parse_sweep(raw, base_dir=HERE)]
     if n64:
-        out.append(parse_sweep((HERE / "sweep_n64.toml").read_text(), base_dir=HERE))
+        out.append(parse_sweep(at_beta(tomllib.loads((HERE / "sweep_n64.toml").read_text())), base_dir=HERE))
     return out
 
 
@@ -74,10 +83,16 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--workers", type=int, default=None, help="Dask workers (default: one per core)")
     ap.add_argument("--no-n64", action="store_true", help="leave out the nside 64 members (sweep_n64.toml)")
+    ap.add_argument("--beta", type=float, default=BETA,
+                    help=f"inverse temperature (default {BETA:g}; another writes results_beta<B>.*)")
     a = ap.parse_args(argv)
+    if a.quick and a.beta != BETA:
+        ap.error("--quick runs beta 30 only")
+    if not (np.isfinite(a.beta) and a.beta > 0):
+        ap.error(f"--beta must be a finite number > 0, got {a.beta}")
     t0 = time.perf_counter()
     members = []
-    for sp_ in specs(a.quick, not a.no_n64):
+    for sp_ in specs(a.quick, not a.no_n64, a.beta):
         out = HERE / "sweep_runs" / sp_.name
         ds = sweep(sp_, out, workers=a.workers, quiet=True, progress=False)
         bad = [str(e) for e in ds.error.values.ravel() if e]
@@ -102,10 +117,20 @@ def main(argv=None):
         sel = sorted((r for r in rows if r["nside"] == n), key=lambda r: -r["eps"])
         for key in ("t_exit", "t_EF"):
             fits[f"nside {n} {key}"] = fit([r["eps"] for r in sel], [r[key] for r in sel])
-    res = {"beta": BETA, "T": float(members[0][0].config.time.t_end), "b_predicted": B_PREDICTED,
+    res = {"beta": a.beta, "T": float(members[0][0].config.time.t_end), "b_predicted": 1.0 / np.tanh(a.beta),
            "rows": rows, "fits": fits, "wall_s": time.perf_counter() - t0, "quick": a.quick}
-    C.save_outputs(HERE, "transition_law", res, a.quick, write_md, plot)
+    if a.beta != BETA:
+        tag = _tag(a.beta)
+        (HERE / f"results{tag}.json").write_text(json.dumps(res, indent=1))
+        write_md(res, HERE / f"results{tag}.md")
+        plot(res, HERE / f"transition_law{tag}.png")
+    else:
+        C.save_outputs(HERE, "transition_law", res, a.quick, write_md, plot)
     return 0
+
+
+def _tag(beta: float) -> str:
+    return "" if beta == BETA else f"_beta{beta:g}"
 
 
 def _f(x, spec=".2f"):
@@ -204,6 +229,11 @@ def criteria(res) -> list[dict]:
 
 
 def results_for(argv) -> Path:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--beta", type=float, default=BETA)
+    beta = pre.parse_known_args(argv)[0].beta
+    if beta != BETA:
+        return HERE / f"results{_tag(beta)}.json"
     return C.quick_results(HERE)(argv)
 
 
