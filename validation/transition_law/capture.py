@@ -38,12 +38,15 @@ def field(x, src, w, beta, B=PAPER_B, V=PAPER_V):
     return u - np.sum(u * x, axis=1, keepdims=True) * x
 
 
-def capture_state(grid, f, beta, n_src=400):
+def capture_state(grid, f, beta, n_src=400, B=PAPER_B, V=PAPER_V, axis=(1.0, 0.0, 0.0)):
     """The capture diagnosis of the density f (cell averages) on a HEALPix grid (RING): the mass share of
-    the two heaviest cells, their angle from +-e1 in cell sizes, the outward fraction of the heaviest cell's
-    face flux (field of the n_src heaviest cells as point masses at their mean positions) and the attractor
-    of the field's flow at that cell against the cell's vertices (healpy's corners, nearest to it)."""
+    the two heaviest cells, their angle from +-``axis`` (e1: E of the paper's matrices) in cell sizes, the
+    outward fraction of the heaviest cell's face flux (field of the n_src heaviest cells as point masses at
+    their mean positions, matrices B and V) and the attractor of the field's flow at that cell against the
+    cell's vertices (healpy's corners, nearest to it)."""
     import healpy as hp
+
+    B, V, axis = np.asarray(B, float), np.asarray(V, float), np.asarray(axis, float)
 
     m = f * grid.areas
     order = np.argsort(m)[::-1]
@@ -56,18 +59,18 @@ def capture_state(grid, f, beta, n_src=400):
     for fc, sg in zip(grid.cell_faces[cell], grid.cell_face_sign[cell]):
         if sg == 0:
             continue
-        a = sg * np.sum(field(grid.face_points[fc], xs, ws, beta) * grid.face_normals[fc], axis=1)
+        a = sg * np.sum(field(grid.face_points[fc], xs, ws, beta, B, V) * grid.face_normals[fc], axis=1)
         pos += float(np.clip(a, 0.0, None).sum())
         neg += float(np.abs(a).sum())
     c = grid.xbar[cell] / np.linalg.norm(grid.xbar[cell])
-    s = beta * (c @ PAPER_B @ xs.T)
+    s = beta * (c @ B @ xs.T)
     e = ws * np.exp(s - s.max())
-    w = PAPER_V @ ((e @ xs) / e.sum())
+    w = V @ ((e @ xs) / e.sum())
     att = w / np.linalg.norm(w)
     corners = hp.boundaries(int(round(np.sqrt(grid.n_cells / 12))), cell, step=1).T  # (4, 3)
     size = np.sqrt(4 * np.pi / grid.n_cells)
     return {"top_two_share": float(m[top].sum() / m.sum()),
-            "top_angles_cells": [float(np.arccos(min(1.0, abs(grid.centers[i, 0]))) / size) for i in top],
+            "top_angles_cells": [float(np.arccos(min(1.0, abs(grid.centers[i] @ axis))) / size) for i in top],
             "outward_fraction": pos / neg if neg > 0 else 0.0,
             "attractor": att.tolist(),
             "attractor_to_nearest_vertex_cells": float(np.arccos(np.clip(corners @ att, -1, 1)).min() / size),
