@@ -82,7 +82,7 @@ def main():
 
     rows = []
     for res in sorted((HERE / "sweep_runs").glob("transition_law*/members/*/results.h5")):
-        if "quick" in res.parts[-4]:
+        if "quick" in res.parts[-4] or "rotated" in res.parts[-4]:  # the paper's frame only (rotated.py: its own)
             continue
         toml = (res.parent / "experiment.toml").read_text()
         beta = float(re.search(r"^beta = (.+)$", toml, re.M).group(1))
