@@ -3,7 +3,8 @@
 ``python -m validation.run_all`` (what ``make validate`` calls) runs each ``validation/*/run.py`` (full
 mode, one subprocess each, in name order), records its wall time and exit status, then writes
 docs/validation.md from each study's results.md (or, for studies without one, its other *.md report, else
-its README.md) and figures (*.png; *.gif linked), with the machine and the wall times.
+its README.md) and figures (*.png; *.gif linked), with the machine and the wall times; after the summary
+table, the section across studies of ``validation/terminal_phase.md``.
 
 The studies run one after another (several time themselves and need a quiet machine); the scan
 studies run their members as sweeps on Dask (``spherepde.sweep``: fig4_concentration, whose 30 + 2
@@ -36,6 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VALID = ROOT / "validation"
 DOC = ROOT / "docs" / "validation.md"
+#: A section across the studies, placed after the summary table (validation/terminal_phase.md).
+SYNTHESIS = VALID / "terminal_phase.md"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from validation import criteria as C  # noqa: E402
@@ -138,6 +141,8 @@ def build(times: dict, checks: dict | None = None):
             w = f"{t['wall_s']:.0f} s" if t["wall_s"] is not None else "-"
         lines.append(f"| [{d.name}](#{d.name}) | {status(t, c)} | {n} | {run} | {w} |")
     lines += ["", f"Total wall time of the studies: {total / 60:.1f} min.", ""]
+    if SYNTHESIS.exists():  # the hand-written reading across studies, each claim tied to its study
+        lines += [SYNTHESIS.read_text().rstrip(), ""]
     for d in studies():
         src, txt = report_text(d)
         c = checks[d.name]
