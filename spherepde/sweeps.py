@@ -501,6 +501,13 @@ def run_member(config_text: str, directory: str, key: str, threads: int | None =
     if threads:
         import numba
 
+        # Dask applies a LocalCluster's env (NUMBA_NUM_THREADS among it) in the worker after spawning it, and
+        # spawn first re-imports the driver's main module, which may import numba: numba's config then holds
+        # the default thread count and the environment another, and the next JIT compile's config reload
+        # raises "Cannot set NUMBA_NUM_THREADS to a different value once the threads have been launched"
+        # (seen: the first run of an adaptive sweep from a script, whose kernels were not yet cached). The
+        # environment is made to agree with the config numba has; set_num_threads limits the threads used.
+        os.environ["NUMBA_NUM_THREADS"] = str(numba.config.NUMBA_NUM_THREADS)
         numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
     # the sweep's own lock on the member (waiting for an orphan of a killed driver to finish it); the run
     # inside takes the directory's run lock as any run does

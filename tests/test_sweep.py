@@ -380,3 +380,43 @@ def test_cli_check_lists_members_and_bad_input_is_one_line(tmp_path):
 def test_shipped_sweep_files_validate(path):
     spec = load_sweep(path)
     assert len(spec.members()) >= 2
+
+
+def test_member_survives_a_worker_env_set_after_numba_read_its_config(tmp_path):
+    """A LocalCluster's env (NUMBA_NUM_THREADS = threads per worker) is applied by Dask in the worker after
+    spawning it, and spawn first re-imports the driver's main module: a script that imports spherepde
+    (hence numba) at the top gives a worker whose numba config holds the default thread count while the
+    environment says 1. The next JIT compile reloads the config and raised "Cannot set NUMBA_NUM_THREADS to
+    a different value once the threads have been launched": every member of the first adaptive sweep run
+    from a script failed so (its kernels were not yet in Numba's cache). Reproduced here in one process:
+    numba reads 2 and launches its threads, the environment then says 1 (what Dask does), a member runs,
+    and a fresh function is compiled afterwards; without run_member's fix that compile raises."""
+    m = parse_sweep(SMALL).members()[0]
+    code = textwrap.dedent(f"""
+        import os, sys
+        os.environ["NUMBA_NUM_THREADS"] = "2"
+        import numba
+        import numpy as np
+        from numba import njit, prange
+
+        @njit(parallel=True)
+        def launch(x):
+            for i in prange(x.size):
+                x[i] += 1.0
+
+        launch(np.zeros(8))  # the thread pool is up, with the config's 2
+        os.environ["NUMBA_NUM_THREADS"] = "1"  # what Dask's env does after spawn
+        from spherepde.sweeps import run_member
+        rec = run_member({m.config.text!r}, {str(tmp_path / "member")!r}, {m.key!r}, 1)
+        assert rec["status"] == "done", rec
+        assert numba.get_num_threads() == 1
+
+        @njit
+        def fresh(x):  # a compile after the member: numba reloads its config here
+            return x + 1
+
+        assert fresh(1) == 2
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
