@@ -215,3 +215,26 @@ def test_one_cell_capture_is_a_steady_state_of_the_scheme():
     assert d2["outward_fraction"] > 1e3 * d["outward_fraction"]
     r2 = sp.solve(g, sp.Attention(B, V, 30.0), f2, 5.0, save_at=[0.0, 5.0])
     assert (r2.density[-1] * g.areas)[list(cells2)].sum() < 0.9
+
+
+def test_transition_law_adaptive_levels_are_sweeps_of_their_own():
+    """validation/transition_law/adaptive.py: each finest level is its own sweep (64 keeps the first
+    name, so its finished members stay valid when a level is added), on AdaptiveHealpixGrid(16, level)
+    with f0 as cell averages (what an adaptive grid takes), the study's beta, T and f0 otherwise, and the
+    two amplitudes that uniform nside 16 and 32 capture."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_adaptive", C.VALID / "transition_law" / "adaptive.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    names = {n: mod.spec(n).name for n in (64, 128, 256)}
+    assert names == {64: "transition_law_adaptive", 128: "transition_law_adaptive_128",
+                     256: "transition_law_adaptive_256"}
+    for n in (64, 256):
+        ms = mod.spec(n).members()
+        assert sorted(m.config.initial.eps for m in ms) == [1e-4, 1e-3]
+        for m in ms:
+            g, c = m.config.grid, m.config
+            assert (g.type, g.nside_min, g.nside_max) == ("adaptive", 16, n)
+            # sample None is the default, "average" (kept out of the record so that older hashes hold)
+            assert c.initial.sample is None and c.model.beta == 30.0 and c.time.t_end == 35.0

@@ -1,0 +1,107 @@
+"""The transition-law members on an adaptive grid (issue #17 item 3 with issue #16's grids; a first rung).
+
+The study's setting (beta 30, the perturbed f0, T = 35) on ``AdaptiveHealpixGrid(16, nside_max)``, nside_max 64
+and 128, with the default
+refinement (refine where h beta ||B|| > 0.5 and the density is significant, coarsen where it is
+negligible) and f0 as cell averages (the uniform runs sample it at the centres: an O(h^2) difference in
+the perturbation), for eps = 1e-3 and 1e-4: the two amplitudes that the uniform nside 16 and 32 grids capture
+(``capture.py``) and the uniform nside 64 grid lets leave E (t_exit 17.65 and 28.02). Per run: t_exit,
+t_EF, the final alignments, the cells (at most and at T), the share of the mass in the two heaviest cells
+at T and the wall time, beside the uniform rows of ``results.json``.
+
+Usage: python validation/transition_law/adaptive.py [--nside-max 64 128]  (writes adaptive.md and
+adaptive.json beside this file; run directories in sweep_runs/transition_law_adaptive*, not committed).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+from spherepde.diagnostics import exit_time, transition_time  # noqa: E402
+from validation.fig3_density.common import PAPER_B, PAPER_V, grid_measures  # noqa: E402
+
+NSIDE_MIN = 16
+NSIDE_MAX = [64, 128]
+EPS = [1e-3, 1e-4]
+
+
+def spec(nside_max=NSIDE_MAX[0]):
+    """The sweep of one finest level (each level its own sweep, so that a level can be added later)."""
+    from spherepde.sweeps import parse_sweep
+
+    raw = tomllib.loads((HERE / "sweep.toml").read_text())
+    base = tomllib.loads((HERE.parent / "fig4_concentration" / "sweeps" / "base.toml").read_text())
+    base["grid"] = {"type": "adaptive", "nside_min": NSIDE_MIN, "nside_max": int(nside_max)}
+    base["initial"]["sample"] = "average"  # what an adaptive grid takes (it refines on f0, then averages)
+    name = "transition_law_adaptive" + ("" if nside_max == 64 else f"_{nside_max}")
+    return parse_sweep({"sweep": {"name": name}, "base": base, "set": raw["set"],
+                        "axes": {"initial.eps": EPS}}, base_dir=HERE)
+
+
+def main(argv=None):
+    import argparse
+
+    from spherepde import load, sweep
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nside-max", type=int, nargs="+", default=NSIDE_MAX, help="the finest levels (powers of 2)")
+    a = ap.parse_args(argv)
+    uniform = json.loads((HERE / "results.json").read_text())["rows"]
+    members = []
+    for nmax in a.nside_max:
+        sp_ = spec(nmax)
+        out = HERE / "sweep_runs" / sp_.name
+        sweep(sp_, out, quiet=True, progress=False)
+        members += [(m, out, nmax) for m in sp_.members()]
+    rows = []
+    for m, out, nmax in members:
+        r = load(out / "members" / m.dirname / "results.h5")
+        t = np.asarray(r.times)
+        cells, te, tf, fin, share = [], None, None, None, None
+        aE, aF, aFa = [], [], []
+        for i in range(len(t)):
+            g = r.grid_at(i)
+            meas = grid_measures(g, r.density[i][None, :], PAPER_B, PAPER_V, w2=False)
+            aE.append(meas["align_E"][0]), aF.append(meas["align_F"][0]), aFa.append(meas["align_Fabs"][0])
+            cells.append(g.n_cells)
+        g = r.grid_at(len(t) - 1)
+        mass = r.density[-1] * g.areas
+        share = float(np.sort(mass)[-2:].sum() / mass.sum())
+        te = exit_time(t, np.asarray(aE))
+        tf = transition_time(t, np.asarray(aE), np.asarray(aF))
+        fin = [aE[-1], aF[-1], aFa[-1]]
+        d = r.diagnostics
+        rows.append({"nside_max": int(nmax), "eps": float(m.config.initial.eps), "t_exit": te, "t_EF": tf, "final_align": fin,
+                     "cells_max": int(max(cells)), "cells_T": int(cells[-1]), "top_two_share": share,
+                     "steps": int(r.n_steps), "wall_s": float(r.wall_time),
+                     "mass_drift": float(abs(d["mass"][-1] / d["mass"][0] - 1)), "min": float(np.min(d["min"]))})
+    rows.sort(key=lambda r: (-r["eps"], r["nside_max"]))
+    (HERE / "adaptive.json").write_text(json.dumps({"nside_min": NSIDE_MIN, "rows": rows}, indent=1))
+
+    def fmt(x):
+        return "none" if x is None or not np.isfinite(x) else f"{x:.2f}"
+
+    L = ["# The transition law on an adaptive grid (validation/transition_law/adaptive.py)", "",
+         f"beta 30, the study's perturbed f0, T = 35, AdaptiveHealpixGrid({NSIDE_MIN}, nside_max) with the "
+         "default refinement; beside it the uniform grids of results.json.", "",
+         "| eps | nside_max | t_exit adaptive | t_EF | final align E / F / F_abs | cells at most / at T | top two cells' share at T | "
+         "steps | wall s | mass drift | min f | t_exit uniform 16 / 32 / 64 |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        u = {row["nside"]: row["t_exit"] for row in uniform if row["eps"] == r["eps"]}
+        L.append(f"| {r['eps']:.0e} | {r['nside_max']} | {fmt(r['t_exit'])} | {fmt(r['t_EF'])} | "
+                 f"{' / '.join(f'{a:.3f}' for a in r['final_align'])} | {r['cells_max']} / {r['cells_T']} | "
+                 f"{r['top_two_share']:.4f} | {r['steps']} | {r['wall_s']:.0f} | {r['mass_drift']:.1e} | {r['min']:.1e} | "
+                 + " / ".join(fmt(u.get(n)) if n in u else "-" for n in (16, 32, 64)) + " |")
+    (HERE / "adaptive.md").write_text("\n".join(L) + "\n")
+    print("\n".join(L))
+
+
+if __name__ == "__main__":
+    main()
