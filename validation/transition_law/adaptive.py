@@ -23,8 +23,6 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
-from spherepde.diagnostics import exit_time, transition_time  # noqa: E402
-from validation.fig3_density.common import PAPER_B, PAPER_V, grid_measures  # noqa: E402
 
 NSIDE_MIN = 16
 NSIDE_MAX = [64, 128]
@@ -53,34 +51,27 @@ def main(argv=None):
     ap.add_argument("--nside-max", type=int, nargs="+", default=NSIDE_MAX, help="the finest levels (powers of 2)")
     a = ap.parse_args(argv)
     uniform = json.loads((HERE / "results.json").read_text())["rows"]
-    members = []
+    rows = []
     for nmax in a.nside_max:
         sp_ = spec(nmax)
         out = HERE / "sweep_runs" / sp_.name
-        sweep(sp_, out, quiet=True, progress=False)
-        members += [(m, out, nmax) for m in sp_.members()]
-    rows = []
-    for m, out, nmax in members:
-        r = load(out / "members" / m.dirname / "results.h5")
-        t = np.asarray(r.times)
-        cells, te, tf, fin, share = [], None, None, None, None
-        aE, aF, aFa = [], [], []
-        for i in range(len(t)):
-            g = r.grid_at(i)
-            meas = grid_measures(g, r.density[i][None, :], PAPER_B, PAPER_V, w2=False)
-            aE.append(meas["align_E"][0]), aF.append(meas["align_F"][0]), aFa.append(meas["align_Fabs"][0])
-            cells.append(g.n_cells)
-        g = r.grid_at(len(t) - 1)
-        mass = r.density[-1] * g.areas
-        share = float(np.sort(mass)[-2:].sum() / mass.sum())
-        te = exit_time(t, np.asarray(aE))
-        tf = transition_time(t, np.asarray(aE), np.asarray(aF))
-        fin = [aE[-1], aF[-1], aFa[-1]]
-        d = r.diagnostics
-        rows.append({"nside_max": int(nmax), "eps": float(m.config.initial.eps), "t_exit": te, "t_EF": tf, "final_align": fin,
-                     "cells_max": int(max(cells)), "cells_T": int(cells[-1]), "top_two_share": share,
-                     "steps": int(r.n_steps), "wall_s": float(r.wall_time),
-                     "mass_drift": float(abs(d["mass"][-1] / d["mass"][0] - 1)), "min": float(np.min(d["min"]))})
+        # the sweep's dataset has each member's alignment series, t_exit, t_EF and cell counts already
+        # (spherepde.sweeps.member_record); the results file is read for the last state and the mass
+        ds = sweep(sp_, out, quiet=True, progress=False)
+        for eps in ds["eps"].values:
+            m = ds.sel(eps=eps)
+            r = load(out / str(m["results_file"].values))
+            g = r.grid_at(len(r.times) - 1)
+            mass = r.density[-1] * g.areas
+            d = r.diagnostics
+            rows.append({"nside_max": int(nmax), "eps": float(eps), "t_exit": float(m["t_exit"]),
+                         "t_EF": float(m["t_EF"]),
+                         "final_align": [float(m[k]) for k in ("final_alignment_E", "final_alignment_F",
+                                                               "final_alignment_F_abs")],
+                         "cells_max": int(m["n_cells"].max()), "cells_T": int(m["n_cells"][-1]),
+                         "top_two_share": float(np.sort(mass)[-2:].sum() / mass.sum()),
+                         "steps": int(m["n_steps"]), "wall_s": float(m["wall_time"]),
+                         "mass_drift": float(abs(d["mass"][-1] / d["mass"][0] - 1)), "min": float(np.min(d["min"]))})
     rows.sort(key=lambda r: (-r["eps"], r["nside_max"]))
     (HERE / "adaptive.json").write_text(json.dumps({"nside_min": NSIDE_MIN, "rows": rows}, indent=1))
 
