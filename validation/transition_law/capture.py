@@ -1,7 +1,7 @@
 """Why the density stays on E below a grid-set eps: one-cell capture (issue #17 item 3, a diagnosis).
 
-For every finished member of the transition-law sweeps on disk (``sweep_runs/``, both betas), the state at
-T: whether the run left E, the share of the mass in its two heaviest cells, their distance from +-e1 in
+For every finished member of the study's sweeps on disk (``run.py``'s, in ``sweep_runs/``, both betas), the
+state at T: whether the run left E, the share of the mass in its two heaviest cells, their distance from +-e1 in
 cell sizes, and, where the two cells hold the mass (a captured state), what the attention field of that
 state does on the captured cell's faces: the outward part of its normal velocity (sum of max(v . n, 0)
 over the Gauss points of the cell's faces, against the sum of |v . n|), and where the flow of the field
@@ -13,7 +13,6 @@ this file). Needs the sweeps' run directories (``run.py`` and ``run.py --beta 10
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -77,22 +76,42 @@ def capture_state(grid, f, beta, n_src=400, B=PAPER_B, V=PAPER_V, axis=(1.0, 0.0
             "attractor_to_centre_cells": float(np.arccos(np.clip(c @ att, -1, 1)) / size)}
 
 
+def capture_columns(r) -> str:
+    """The capture columns of a report row (``capture_state``'s dict): the two heaviest cells' share and
+    angles, then the field's columns, which describe a captured cluster's cell only ('-' otherwise)."""
+    head = f"{r['top_two_share']:.6f} | {' / '.join(f'{a:.2f}' for a in r['top_angles_cells'])} | "
+    if r["top_two_share"] <= CAPTURED:
+        return head + "- | - | - |"
+    return head + (f"{r['outward_fraction']:.1e} | {r['attractor_to_nearest_vertex_cells']:.3f} | "
+                   f"{r['attractor_to_centre_cells']:.2f} |")
+
+
+def study_members():
+    """(config, results file) of every finished member of the study's own sweeps (``run.py``'s, at beta 30
+    and 100: uniform grids, the paper's frame), so that the other sweeps beside them (``rotated.py``,
+    ``adaptive.py``, quick runs) are never mixed in."""
+    from validation import criteria as C
+
+    study = C.load_study("transition_law")
+    for beta in (study.BETA, 100.0):
+        for sp_ in study.specs(False, True, beta):
+            for m in sp_.members():
+                res = HERE / "sweep_runs" / sp_.name / "members" / m.dirname / "results.h5"
+                if res.exists():
+                    yield m.config, res
+
+
 def main():
     from spherepde import load
 
     rows = []
-    for res in sorted((HERE / "sweep_runs").glob("transition_law*/members/*/results.h5")):
-        if "quick" in res.parts[-4] or "rotated" in res.parts[-4]:  # the paper's frame only (rotated.py: its own)
-            continue
-        toml = (res.parent / "experiment.toml").read_text()
-        beta = float(re.search(r"^beta = (.+)$", toml, re.M).group(1))
+    for cfg, res in study_members():
         r = load(res)
         meas = grid_measures(r.grid, r.density, PAPER_B, PAPER_V, w2=False)
         left = bool(np.isfinite(exit_time(np.asarray(r.times), meas["align_E"])))
-        d = capture_state(r.grid, r.density[-1], beta)
-        rows.append({"beta": beta, "nside": int(round(np.sqrt(r.grid.n_cells / 12))),
-                     "eps": float(re.search(r"^eps = (.+)$", toml, re.M).group(1)), "left_E": left,
-                     "T": float(r.times[-1]), "align_E_T": float(meas["align_E"][-1]), **d})
+        d = capture_state(r.grid, r.density[-1], float(cfg.model.beta))
+        rows.append({"beta": float(cfg.model.beta), "nside": int(cfg.grid.nside), "eps": float(cfg.initial.eps),
+                     "left_E": left, "T": float(r.times[-1]), "align_E_T": float(meas["align_E"][-1]), **d})
     rows.sort(key=lambda r: (r["beta"], r["nside"], -r["eps"]))
     (HERE / "capture.json").write_text(json.dumps(rows, indent=1))
     L = ["# One-cell capture (validation/transition_law/capture.py)", "",
@@ -105,12 +124,8 @@ def main():
          "outward fraction | attractor to nearest vertex (cells) | attractor to centre (cells) |",
          "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        cap = r["top_two_share"] > CAPTURED  # the field columns describe a captured cluster's cell only
         L.append(f"| {r['beta']:g} | {r['nside']} | {r['eps']:.0e} | {'yes' if r['left_E'] else 'no'} | "
-                 f"{r['align_E_T']:.4f} | {r['top_two_share']:.6f} | "
-                 f"{' / '.join(f'{a:.2f}' for a in r['top_angles_cells'])} | "
-                 + (f"{r['outward_fraction']:.1e} | {r['attractor_to_nearest_vertex_cells']:.3f} | "
-                    f"{r['attractor_to_centre_cells']:.2f} |" if cap else "- | - | - |"))
+                 f"{r['align_E_T']:.4f} | " + capture_columns(r))
     cap = [r for r in rows if r["top_two_share"] > CAPTURED]
     L += ["", f"Captured (top two cells > {CAPTURED} of the mass): {len(cap)} of {len(rows)} runs; of these "
           f"{sum(not r['left_E'] for r in cap)} stayed on E. Runs that left E: {sum(r['left_E'] for r in rows)}, "

@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 from spherepde.diagnostics import exit_time  # noqa: E402
 from validation.fig3_density.common import PAPER_B, PAPER_V, grid_measures  # noqa: E402
-from validation.transition_law.capture import CAPTURED, capture_state  # noqa: E402
+from validation.transition_law.capture import capture_columns, capture_state  # noqa: E402
 
 
 def rotation(a=0.3, b=0.7, c=1.1):
@@ -70,12 +70,8 @@ def main():
          "attractor to nearest vertex (cells) | attractor to centre (cells) | steps | wall s |",
          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        cap = r["top_two_share"] > CAPTURED
         te = "none" if not np.isfinite(r["t_exit"]) else f"{r['t_exit']:.2f}"
-        L.append(f"| {r['nside']} | {r['eps']:.0e} | {te} | {r['align_E_T']:.4f} | {r['top_two_share']:.6f} | "
-                 f"{' / '.join(f'{a:.2f}' for a in r['top_angles_cells'])} | "
-                 + (f"{r['outward_fraction']:.1e} | {r['attractor_to_nearest_vertex_cells']:.3f} | "
-                    f"{r['attractor_to_centre_cells']:.2f} |" if cap else "- | - | - |")
+        L.append(f"| {r['nside']} | {r['eps']:.0e} | {te} | {r['align_E_T']:.4f} | " + capture_columns(r)
                  + f" {r['steps']} | {r['wall_s']:.0f} |")
     (HERE / "rotated.md").write_text("\n".join(L) + "\n")
     print("\n".join(L))
