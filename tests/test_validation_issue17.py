@@ -183,12 +183,8 @@ def test_one_cell_capture_is_a_steady_state_of_the_scheme():
     import numpy as np
 
     import spherepde as sp
+    from validation.transition_law import capture as cap
 
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_capture", C.VALID / "transition_law" / "capture.py")
-    cap = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cap)
     B, V = np.diag([-1.0, -1.0, 1.0]), np.diag([-1.0, 1.0, -2.0])
     nside = 8
     g = sp.HealpixGrid(nside)
@@ -222,11 +218,7 @@ def test_transition_law_adaptive_levels_are_sweeps_of_their_own():
     name, so its finished members stay valid when a level is added), on AdaptiveHealpixGrid(16, level)
     with f0 as cell averages (what an adaptive grid takes), the study's beta, T and f0 otherwise, and the
     two amplitudes that uniform nside 16 and 32 capture."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_adaptive", C.VALID / "transition_law" / "adaptive.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from validation.transition_law import adaptive as mod
     names = {n: mod.spec(n).name for n in (64, 128, 256)}
     assert names == {64: "transition_law_adaptive", 128: "transition_law_adaptive_128",
                      256: "transition_law_adaptive_256"}
