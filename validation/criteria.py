@@ -193,10 +193,12 @@ def quick_results(here: Path) -> Callable:
     return lambda argv: Path(here) / ("results_quick.json" if "--quick" in argv else "results.json")
 
 
-def save_outputs(here: Path, name: str, res: dict, quick: bool, write_md: Callable, plot: Callable) -> None:
+def save_outputs(here: Path, name: str, res: dict, quick: bool, write_md: Callable, plot: Callable,
+                 suffix: str = "") -> None:
     """A study's outputs beside its run.py: results.json, results.md (``write_md(res, path)``) and
-    <name>.png (``plot(res, path)``), each with the suffix _quick in quick mode."""
-    sfx = "_quick" if quick else ""
+    <name>.png (``plot(res, path)``), each with the suffix _quick in quick mode, else ``suffix`` (a variant
+    of the study, e.g. "_beta100")."""
+    sfx = "_quick" if quick else suffix
     here = Path(here)
     (here / f"results{sfx}.json").write_text(json.dumps(res, indent=1))
     write_md(res, here / f"results{sfx}.md")

@@ -20,7 +20,6 @@ Writes results.json, results.md and transition_law.png beside this file (quick: 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -119,13 +118,7 @@ def main(argv=None):
             fits[f"nside {n} {key}"] = fit([r["eps"] for r in sel], [r[key] for r in sel])
     res = {"beta": a.beta, "T": float(members[0][0].config.time.t_end), "b_predicted": 1.0 / np.tanh(a.beta),
            "rows": rows, "fits": fits, "wall_s": time.perf_counter() - t0, "quick": a.quick}
-    if a.beta != BETA:
-        tag = _tag(a.beta)
-        (HERE / f"results{tag}.json").write_text(json.dumps(res, indent=1))
-        write_md(res, HERE / f"results{tag}.md")
-        plot(res, HERE / f"transition_law{tag}.png")
-    else:
-        C.save_outputs(HERE, "transition_law", res, a.quick, write_md, plot)
+    C.save_outputs(HERE, "transition_law", res, a.quick, write_md, plot, suffix=_tag(a.beta))
     return 0
 
 
