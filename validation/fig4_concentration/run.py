@@ -21,11 +21,14 @@ to runs/<key>.json, so the study can be run in pieces (--nside, --extended) and 
 Writes results.md, results.json, curves.png, transition.png, minw2.png and ladder.csv (quick: *_quick.*);
 ``--ladder-only`` rewrites ladder.csv from results.json (no runs).
 
-ladder.csv (issue #17 item 1, read by external checks): one row per density run to T = 20, with the
-columns beta, f0, eps, nside_max, t_exit, t_EF, plateau_w2, max_cells, wall_s; a time that does not occur
-by T is empty. These runs are on uniform HEALPix grids, so nside_max is the grid's nside and max_cells its
-12 nside^2 cells; plateau_w2 is min_t W2(rho_t, Pi#rho_0). Not converged: the README's "Grid independence"
-and ``ladder_status`` below give the relative change between the two finest levels of each setting.
+ladder.csv (issue #17 item 1, read by external checks): the columns beta, f0, eps, nside_max, t_exit, t_EF,
+plateau_w2, max_cells, wall_s; a time that does not occur by T = 20 is empty; plateau_w2 is
+min_{t <= 20} W2(rho_t, Pi#rho_0). One ladder per setting (beta, f0): where adaptive.py has run one
+(adaptive.json: perturbed f0 on AdaptiveHealpixGrid(16, nside_max), runs to T = 30 whose times and plateau
+are taken over t <= 20, max_cells the most cells the run held, wall_s the whole run's), its rows; else the
+study's runs to T = 20 on uniform HEALPix grids (nside_max the grid's nside, max_cells its 12 nside^2 cells).
+``ladder_status`` below gives the relative change between the two finest uniform levels of each setting,
+adaptive.md that between the adaptive levels.
 """
 from __future__ import annotations
 
@@ -61,31 +64,52 @@ LADDER_COLUMNS = ("beta", "f0", "eps", "nside_max", "t_exit", "t_EF", "plateau_w
 EPS = 0.05
 
 
-def ladder_rows(recs) -> list[dict]:
-    """The rows of ladder.csv from the study's records (runs to T = 20), sorted by f0, beta and nside."""
+def ladder_rows(recs, adaptive=()) -> list[dict]:
+    """The rows of ladder.csv: per setting (beta, f0), its ladder of adaptive grids where one was run
+    (``adaptive``: the rows of adaptive.json, their times and plateau over t <= 20), else the study's uniform
+    runs to T = 20 (``recs``); sorted by f0, beta and nside_max."""
     def bnum(b):
         return np.inf if b == "inf" else float(b)
 
     def opt(x):
         return "" if x is None or not np.isfinite(x) else f"{x:.6g}"
 
+    on_adaptive = {bkey(float(a["beta"])) for a in adaptive}
     rows = []
-    for r in sorted(recs, key=lambda r: (r["f0"], bnum(r["beta"]), r["nside"])):
+    for r in recs:
+        if r["f0"] == "perturbed" and r["beta"] in on_adaptive:
+            continue
         rows.append({"beta": "inf" if r["beta"] == "inf" else f"{bnum(r['beta']):g}", "f0": r["f0"],
                      "eps": f"{EPS if r['f0'] == 'perturbed' else 0.0:g}", "nside_max": str(r["nside"]),
                      "t_exit": opt(r["t_exit"]), "t_EF": opt(r["t_EF"]), "plateau_w2": opt(r["min_W2"]),
                      "max_cells": str(12 * r["nside"] ** 2), "wall_s": f"{r['wall_s']:.1f}"})
+    for a in adaptive:
+        rows.append({"beta": f"{float(a['beta']):g}", "f0": "perturbed", "eps": f"{EPS:g}",
+                     "nside_max": str(a["nside_max"]), "t_exit": opt(a["t_exit_20"]), "t_EF": opt(a["t_EF_20"]),
+                     "plateau_w2": opt(a["plateau_w2"]), "max_cells": str(a["max_cells"]),
+                     "wall_s": f"{a['wall_s']:.1f}"})
+    rows.sort(key=lambda r: (r["f0"], bnum(r["beta"]), int(r["nside_max"])))
     return rows
 
 
-def write_ladder(recs, path: Path) -> None:
+def adaptive_rows() -> list[dict]:
+    """The adaptive ladders of adaptive.py (adaptive.json: its levels on the default coarsest cells, not the
+    runs that vary them), [] where none has been run."""
+    p = HERE / "adaptive.json"
+    if not p.exists():
+        return []
+    d = json.loads(p.read_text())
+    return [r for r in d["rows"] if r.get("nside_min", d["nside_min"]) == d["nside_min"]]
+
+
+def write_ladder(recs, path: Path, adaptive=()) -> None:
     """ladder.csv (see the module docstring)."""
     import csv
 
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=LADDER_COLUMNS, lineterminator="\n")
         w.writeheader()
-        w.writerows(ladder_rows(recs))
+        w.writerows(ladder_rows(recs, adaptive))
 
 
 def ladder_status(recs) -> list[dict]:
@@ -307,7 +331,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.ladder_only:
         src = HERE / ("results_quick.json" if a.quick else "results.json")
-        write_ladder(json.loads(src.read_text())["runs"], HERE / ("ladder_quick.csv" if a.quick else "ladder.csv"))
+        write_ladder(json.loads(src.read_text())["runs"], HERE / ("ladder_quick.csv" if a.quick else "ladder.csv"),
+                     () if a.quick else adaptive_rows())
         return
     from spherepde.sweeps import load_sweep
 
@@ -349,7 +374,7 @@ def main(argv=None):
                                                          "extended": extended}))
     write_md(res, recs, sfx, extended)
     figures(recs, parts, res, sfx, extended)
-    write_ladder(recs, HERE / f"ladder{sfx}.csv")
+    write_ladder(recs, HERE / f"ladder{sfx}.csv", () if a.quick else adaptive_rows())
     return res
 
 

@@ -1,0 +1,266 @@
+"""Figure 4's perturbed runs on a ladder of adaptive grids (issue #17 item 1 with issue #16's grids).
+
+The study's perturbed f0 (eps = 0.05, ``EPS`` of run.py) and its base configuration (sweeps/base.toml: paper
+matrices, cfl 0.8, error control, field every <= 10 steps with bound 1e-10), on
+``AdaptiveHealpixGrid(16, nside_max)`` with the default ``Refinement()`` (refine where h beta ||B|| > 0.5 and
+the cell holds significant mass, or where f varies by more than 25 % over a cell's stencil; coarsen where the
+density is negligible or smooth), f0 as cell averages (what an adaptive
+grid takes; the uniform runs sample it at the centres, an O(h^2) difference in the perturbation), to
+T = ``T_END`` (past the study's T = 20, so that t_EF can occur). One sweep per (beta, nside_max), so that a
+level can be added later and a killed study resumes (run directories in sweep_runs/fig4_adaptive_*, not
+committed).
+
+Per run: t_exit and t_EF (run.py's definitions, from the saved states every 0.25), the plateau
+min_t W2(rho_t, Pi#rho_0) over t <= 20 (W2 to the two atoms of Pi#rho_0 computed from the run's own
+initial cell masses), the cells (at most, at T), steps and wall time; and between consecutive levels the
+relative changes that the issue's bar judges (t_exit and t_EF within 2 %, plateau W2 within 5 %).
+
+Usage: python validation/fig4_concentration/adaptive.py [--beta 30] [--nside-max 64 128 256]
+(writes adaptive.md and adaptive.json beside this file; ``--report-only`` rebuilds them from the sweeps'
+directories without running anything new).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+#: Where the sweeps' run directories go (not committed) and where adaptive.md / adaptive.json are written.
+RUNS = HERE / "sweep_runs"
+OUT = HERE
+
+NSIDE_MIN = 16
+NSIDE_MAX = [64, 128, 256]
+BETAS = [30.0]
+T_END = 30.0
+#: The window of the study's own runs: the plateau W2 and ladder.csv's times are taken over t <= T_FIG4.
+T_FIG4 = 20.0
+#: The issue's bar between the two finest levels.
+BAR = {"t_exit": 0.02, "t_EF": 0.02, "plateau_w2": 0.05}
+
+
+def spec(beta: float, nside_max: int, nside_min: int | None = None):
+    """The sweep of one level (one member); ``nside_min`` other than NSIDE_MIN (the tails' resolution,
+    see the README) gets a sweep name of its own."""
+    from spherepde.sweeps import parse_sweep
+
+    nmin = NSIDE_MIN if nside_min is None else int(nside_min)
+    base = tomllib.loads((HERE / "sweeps" / "base.toml").read_text())
+    base["grid"] = {"type": "adaptive", "nside_min": nmin, "nside_max": int(nside_max)}
+    base["initial"]["sample"] = "average"
+    base["model"]["beta"] = float(beta)
+    base["time"]["t_end"] = T_END
+    tag = "" if nmin == NSIDE_MIN else f"_min{nmin}"
+    return parse_sweep({"sweep": {"name": f"fig4_adaptive_b{beta:g}_{nside_max}{tag}"}, "base": base}, base_dir=HERE)
+
+
+def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None = None) -> dict | None:
+    """The record of one level (None if it has not been run and ``run`` is false)."""
+    from spherepde import load, sweep
+    from validation.fig3_density.common import PAPER_B, PAPER_V, measures
+    from spherepde.diagnostics import exit_time, transition_time
+
+    sp_ = spec(beta, nside_max, nside_min)
+    out = RUNS / sp_.name
+    if run:
+        ds = sweep(sp_, out, workers=1, quiet=True, progress=False)
+        err = [str(e) for e in ds.error.values.ravel() if e]
+        if err:
+            raise RuntimeError(f"{sp_.name}: {err[0]}")
+    files = sorted(out.glob("members/*/results.h5"))
+    if not files:
+        return None
+    r = load(files[0])
+    if r.times[-1] < T_END - 1e-9:
+        return None
+    t = np.asarray(r.times, float)
+    rows = {"align_E": [], "align_F": [], "align_Fabs": [], "W2": []}
+    g0 = r.grid_at(0)
+    from spherepde import limit_measure, spectral_data, wasserstein2_two_atoms
+
+    spd = spectral_data(PAPER_B, PAPER_V)
+    atoms, aw = limit_measure(g0.centers, r.density[0] * g0.areas, PAPER_B, PAPER_V, spectral=spd)
+    cells = []
+    for i in range(len(t)):
+        g = r.grid_at(i)
+        w = np.asarray(r.density[i]) * g.areas
+        m = measures(g.centers, w[None, :], PAPER_B, PAPER_V, w2=False)
+        for k in ("align_E", "align_F", "align_Fabs"):
+            rows[k].append(float(m[k][0]))
+        rows["W2"].append(float(wasserstein2_two_atoms(g.centers, w, atoms, aw)))
+        cells.append(int(w.size))
+    W2 = np.asarray(rows["W2"])
+    in20 = t <= T_FIG4 + 1e-9
+    d = r.diagnostics
+    t20 = t[in20]
+    rec = {"beta": beta, "nside_max": int(nside_max), "nside_min": int(r.grid_at(0).nside_min), "times": t.tolist(), **rows, "cells": cells,
+           "t_exit": exit_time(t, rows["align_E"]), "t_EF": transition_time(t, rows["align_E"], rows["align_F"]),
+           "t_exit_20": exit_time(t20, np.asarray(rows["align_E"])[in20]),
+           "t_EF_20": transition_time(t20, np.asarray(rows["align_E"])[in20], np.asarray(rows["align_F"])[in20]),
+           "plateau_w2": float(W2[in20].min()), "argmin_w2": float(t20[int(np.argmin(W2[in20]))]),
+           "max_cells": int(max(cells)), "cells_T": cells[-1], "steps": int(r.n_steps),
+           "wall_s": float(r.wall_time), "mass_drift": float(abs(d["mass"][-1] / d["mass"][0] - 1)),
+           "min_f": float(np.min(d["min"]))}
+    # the third stage: the first time after t_exit that F's alignment exceeds 0.1 (the stall cone has
+    # align F = 0; f0 has 1/3), and what
+    # holds the final state: the share of the attention weight at the heaviest cell that comes from cells
+    # below 1e-6 of the heaviest cell's mass (the tails), and the tails' mass
+    aF = np.asarray(rows["align_F"])
+    above = np.nonzero((aF > 0.1) & (t > rec["t_exit"]))[0] if math.isfinite(rec["t_exit"]) else np.array([], int)
+    rec["t_F_01"] = float(t[above[0]]) if above.size else None
+    g = r.grid_at(len(t) - 1)
+    w = np.asarray(r.density[-1]) * g.areas
+    x = g.centers[int(np.argmax(w))]
+    e = float(beta) * (g.centers @ (PAPER_B @ x))
+    k = w * np.exp(e - e.max())
+    tail = w < 1e-6 * w.max()
+    rec["tail_share_T"] = float(k[tail].sum() / k.sum())
+    rec["tail_mass_T"] = float(w[tail].sum())
+    rec["top_cell_share_T"] = float(w.max() / w.sum())
+    for k in ("t_exit", "t_EF", "t_exit_20", "t_EF_20"):
+        rec[k] = None if not math.isfinite(rec[k]) else float(rec[k])
+    return rec
+
+
+def changes(recs: list[dict]) -> list[dict]:
+    """Relative change of t_exit, t_EF and the plateau W2 between consecutive levels of one beta."""
+    out = []
+    for a, b in zip(recs, recs[1:]):
+        row = {"beta": b["beta"], "levels": [a["nside_max"], b["nside_max"]]}
+        for q in BAR:
+            x, y = a[q], b[q]
+            row[q] = None if x is None or y is None else abs(y - x) / abs(y)
+        row["t_EF_none_both"] = a["t_EF"] is None and b["t_EF"] is None
+        out.append(row)
+    return out
+
+
+def verdict(c: dict, finer: dict) -> str:
+    """Whether a pair of levels meets the bar: t_exit and the plateau within it, and t_EF within it (or,
+    said as such, reached by T at neither level, or at one only)."""
+    within = [q for q in ("t_exit", "plateau_w2") if c[q] is not None and c[q] <= BAR[q]]
+    if len(within) < 2:
+        return "no"
+    if c["t_EF"] is not None:
+        return "yes" if c["t_EF"] <= BAR["t_EF"] else "t_exit and the plateau: yes; t_EF: no"
+    if c.get("t_EF_none_both", True):
+        return f"t_exit and the plateau: yes; t_EF: reached by T = {T_END:g} at neither level"
+    return "t_exit and the plateau: yes; t_EF: no (reached by T at one level only)"
+
+
+def report(recs: list[dict]) -> str:
+    def f(x, p=2):
+        return "none" if x is None else f"{x:.{p}f}"
+
+    L = ["# Figure 4's perturbed runs on adaptive grids (validation/fig4_concentration/adaptive.py)", "",
+         f"The study's perturbed f0 (eps = 0.05), its base configuration, on AdaptiveHealpixGrid(nside_min, "
+         f"nside_max) with the default refinement, to T = {T_END:g}. The plateau is min W2(rho_t, Pi#rho_0) over "
+         f"t <= {T_FIG4:g}; t_exit and t_EF over the whole run (\"none\": not by T); t(F > 0.1) the first saved "
+         "time at which the alignment with F exceeds 0.1 (the stall cone has none); at T, the share of the "
+         "attention weight at the heaviest cell that comes from the tails (cells below 1e-6 of its mass), the "
+         "tails' mass and the heaviest cell's share of the mass.", "",
+         "| beta | nside_min | nside_max | t_exit | t_EF | t(F > 0.1) | plateau W2 (at t) | final align E / F / F_abs | "
+         "tails' attention share / mass at T | heaviest cell at T | cells at most / at T | steps | wall s | "
+         "mass drift | min f |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(recs, key=key):
+        L.append(f"| {r['beta']:g} | {r.get('nside_min', NSIDE_MIN)} | {r['nside_max']} | {f(r['t_exit'])} | "
+                 f"{f(r['t_EF'])} | {f(r.get('t_F_01'))} | {r['plateau_w2']:.4f} ({r['argmin_w2']:.2f}) | "
+                 f"{r['align_E'][-1]:.3f} / {r['align_F'][-1]:.3f} / {r['align_Fabs'][-1]:.3f} | "
+                 f"{r.get('tail_share_T', float('nan')):.3f} / {r.get('tail_mass_T', float('nan')):.1e} | "
+                 f"{r.get('top_cell_share_T', float('nan')):.3f} | "
+                 f"{r['max_cells']} / {r['cells_T']} | {r['steps']} | {r['wall_s']:.0f} | {r['mass_drift']:.1e} | "
+                 f"{r['min_f']:.1e} |")
+    L += ["", "Relative change between consecutive levels (the issue's bar: t_exit and t_EF <= 2 %, plateau W2 "
+          "<= 5 % between the two finest):", "", "| beta | levels | t_exit | t_EF | plateau W2 | within the bar |",
+          "|---|---|---|---|---|---|"]
+    for beta in sorted({r["beta"] for r in recs}):
+        sel = [r for r in ladder(recs) if r["beta"] == beta]
+        for a, c in zip(sel[1:], changes(sel)):
+            L.append(f"| {beta:g} | {c['levels'][0]} -> {c['levels'][1]} | "
+                     + " | ".join("-" if c[q] is None else f"{100 * c[q]:.1f} %" for q in BAR)
+                     + f" | {verdict(c, a)} |")
+    return "\n".join(L) + "\n"
+
+
+def figure(recs: list[dict], path: Path) -> None:
+    """adaptive.png: per beta, the alignments with E, F and F_abs, W2 to Pi#rho_0 and the cell count
+    against t, one line style per level (the finest level darkest)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    betas = sorted({r["beta"] for r in recs})
+    fig, ax = plt.subplots(len(betas), 3, figsize=(15, 4.2 * len(betas)), squeeze=False)
+    for row, beta in zip(ax, betas):
+        sel = [r for r in recs if r["beta"] == beta]
+        shades = np.linspace(0.75, 0.0, len(sel))
+        for r, sh in zip(sel, shades):
+            t = np.asarray(r["times"])
+            lab = f"nside_max {r['nside_max']}"
+            row[0].plot(t, r["align_E"], color=(sh, sh, 1.0), label=f"E, {lab}")
+            row[0].plot(t, r["align_F"], color=(1.0, sh, sh), label=f"F, {lab}")
+            row[0].plot(t, r["align_Fabs"], "--", color=(sh, 0.6 + 0.4 * sh, sh), label=f"F_abs, {lab}")
+            row[1].semilogy(t, r["W2"], color=(sh, sh, sh), label=lab)
+            row[2].semilogy(t, r["cells"], color=(sh, sh, sh), label=lab)
+            if r["t_exit"] is not None:
+                row[0].axvline(r["t_exit"], color=(sh, sh, 1.0), lw=0.6, ls=":")
+        row[0].axhline(0.9, color="0.5", lw=0.5)
+        row[0].set(xlabel="t", ylabel="alignment", title=f"beta = {beta:g}: alignments (dotted: t_exit)")
+        row[0].legend(fontsize=6, ncol=2)
+        row[1].axvline(T_FIG4, color="0.5", lw=0.5)
+        row[1].set(xlabel="t", ylabel="W2(rho_t, Pi#rho_0)", title="W2 to the limit measure")
+        row[1].legend(fontsize=7)
+        row[2].set(xlabel="t", ylabel="cells", title="cells of the adaptive grid")
+        row[2].legend(fontsize=7)
+    fig.suptitle(f"Figure 4, perturbed f0 (eps 0.05), on AdaptiveHealpixGrid({NSIDE_MIN}, nside_max)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def key(rec: dict) -> tuple:
+    return rec["beta"], rec.get("nside_min", NSIDE_MIN), rec["nside_max"]
+
+
+def ladder(recs: list[dict]) -> list[dict]:
+    """The ladder proper: the levels on the default coarsest cells, by beta and nside_max."""
+    return sorted((r for r in recs if r.get("nside_min", NSIDE_MIN) == NSIDE_MIN), key=key)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--beta", type=float, nargs="+", default=BETAS)
+    ap.add_argument("--nside-max", type=int, nargs="+", default=NSIDE_MAX)
+    ap.add_argument("--nside-min", type=int, default=NSIDE_MIN,
+                    help="the coarsest cells (the tails' resolution; the ladder is the one at the default)")
+    ap.add_argument("--report-only", action="store_true", help="only the levels already run")
+    a = ap.parse_args(argv)
+    old = {}
+    if (OUT / "adaptive.json").exists():
+        old = {key(r): r for r in json.loads((OUT / "adaptive.json").read_text())["rows"]}
+    for beta in a.beta:
+        for nmax in a.nside_max:
+            rec = member(beta, nmax, run=not a.report_only, nside_min=a.nside_min)
+            if rec is not None:
+                old[key(rec)] = rec
+                print(f"beta {beta:g} nside_max {nmax}: t_exit {rec['t_exit']}, t_EF {rec['t_EF']}, "
+                      f"plateau {rec['plateau_w2']:.4f}, cells {rec['max_cells']}, {rec['wall_s']:.0f} s", flush=True)
+            recs = [old[k] for k in sorted(old)]
+            (OUT / "adaptive.json").write_text(json.dumps({"nside_min": NSIDE_MIN, "t_end": T_END, "rows": recs}))
+            (OUT / "adaptive.md").write_text(report(recs))
+    recs = [old[k] for k in sorted(old)]
+    if recs:
+        figure(ladder(recs), OUT / "adaptive.png")
+    print(report(recs))
+
+
+if __name__ == "__main__":
+    main()
