@@ -12,8 +12,12 @@ committed).
 
 Per run: t_exit and t_EF (run.py's definitions, from the saved states every 0.25), the plateau
 min_t W2(rho_t, Pi#rho_0) over t <= 20 (W2 to the two atoms of Pi#rho_0 computed from the run's own
-initial cell masses), the cells (at most, at T), steps and wall time; and between consecutive levels the
-relative changes that the issue's bar judges (t_exit and t_EF within 2 %, plateau W2 within 5 %).
+initial cell masses), the cells (at most, at T), steps and wall time; the first time after the exit at which
+the alignment with F exceeds 0.1 (the stall cone is left), and at T the share of the attention weight at the
+heaviest cell that comes from the tails (cells below 1e-6 of its mass); and between consecutive levels of
+the ladder (nside_min 16) the relative changes that the issue's bar judges (t_exit and t_EF within 2 %,
+plateau W2 within 5 %). ``--nside-min`` runs a level with finer coarsest cells (where the tails live), beside
+the ladder.
 
 Usage: python validation/fig4_concentration/adaptive.py [--beta 30] [--nside-max 64 128 256]
 (writes adaptive.md and adaptive.json beside this file; ``--report-only`` rebuilds them from the sweeps'
@@ -63,9 +67,9 @@ def spec(beta: float, nside_max: int, nside_min: int | None = None):
 
 def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None = None) -> dict | None:
     """The record of one level (None if it has not been run and ``run`` is false)."""
-    from spherepde import load, sweep
-    from validation.fig3_density.common import PAPER_B, PAPER_V, measures
+    from spherepde import limit_measure, load, spectral_data, sweep, wasserstein2_two_atoms
     from spherepde.diagnostics import exit_time, transition_time
+    from validation.fig3_density.common import PAPER_B, PAPER_V, measures
 
     sp_ = spec(beta, nside_max, nside_min)
     out = RUNS / sp_.name
@@ -83,8 +87,6 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     t = np.asarray(r.times, float)
     rows = {"align_E": [], "align_F": [], "align_Fabs": [], "W2": []}
     g0 = r.grid_at(0)
-    from spherepde import limit_measure, spectral_data, wasserstein2_two_atoms
-
     spd = spectral_data(PAPER_B, PAPER_V)
     atoms, aw = limit_measure(g0.centers, r.density[0] * g0.areas, PAPER_B, PAPER_V, spectral=spd)
     cells = []
@@ -100,7 +102,8 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     in20 = t <= T_FIG4 + 1e-9
     d = r.diagnostics
     t20 = t[in20]
-    rec = {"beta": beta, "nside_max": int(nside_max), "nside_min": int(r.grid_at(0).nside_min), "times": t.tolist(), **rows, "cells": cells,
+    rec = {"beta": beta, "nside_max": int(nside_max), "nside_min": int(g0.nside_min), "times": t.tolist(), **rows,
+           "cells": cells,
            "t_exit": exit_time(t, rows["align_E"]), "t_EF": transition_time(t, rows["align_E"], rows["align_F"]),
            "t_exit_20": exit_time(t20, np.asarray(rows["align_E"])[in20]),
            "t_EF_20": transition_time(t20, np.asarray(rows["align_E"])[in20], np.asarray(rows["align_F"])[in20]),
@@ -109,9 +112,8 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
            "wall_s": float(r.wall_time), "mass_drift": float(abs(d["mass"][-1] / d["mass"][0] - 1)),
            "min_f": float(np.min(d["min"]))}
     # the third stage: the first time after t_exit that F's alignment exceeds 0.1 (the stall cone has
-    # align F = 0; f0 has 1/3), and what
-    # holds the final state: the share of the attention weight at the heaviest cell that comes from cells
-    # below 1e-6 of the heaviest cell's mass (the tails), and the tails' mass
+    # align F = 0; f0 has 1/3), and what holds the final state: the share of the attention weight at the
+    # heaviest cell that comes from cells below 1e-6 of the heaviest cell's mass (the tails), their mass
     aF = np.asarray(rows["align_F"])
     above = np.nonzero((aF > 0.1) & (t > rec["t_exit"]))[0] if math.isfinite(rec["t_exit"]) else np.array([], int)
     rec["t_F_01"] = float(t[above[0]]) if above.size else None
@@ -119,9 +121,9 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     w = np.asarray(r.density[-1]) * g.areas
     x = g.centers[int(np.argmax(w))]
     e = float(beta) * (g.centers @ (PAPER_B @ x))
-    k = w * np.exp(e - e.max())
+    wk = w * np.exp(e - e.max())
     tail = w < 1e-6 * w.max()
-    rec["tail_share_T"] = float(k[tail].sum() / k.sum())
+    rec["tail_share_T"] = float(wk[tail].sum() / wk.sum())
     rec["tail_mass_T"] = float(w[tail].sum())
     rec["top_cell_share_T"] = float(w.max() / w.sum())
     for k in ("t_exit", "t_EF", "t_exit_20", "t_EF_20"):
