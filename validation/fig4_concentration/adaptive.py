@@ -11,8 +11,8 @@ level can be added later and a killed study resumes (run directories in sweep_ru
 committed).
 
 Per run: t_exit and t_EF (run.py's definitions, from the saved states every 0.25), the plateau
-min_t W2(rho_t, Pi#rho_0) over t <= 20 (W2 to the two atoms of Pi#rho_0 computed from the run's own
-initial cell masses), the cells (at most, at T), steps and wall time; the first time after the exit at which
+min_t W2(rho_t, Pi#rho_0) over t <= 20 (Pi#rho_0 of the run's own initial cell masses), the cells (at most,
+at T), steps, wall time and the largest relative mass drift over the steps (these from the sweep's dataset); the first time after the exit at which
 the alignment with F exceeds 0.1 (the stall cone is left), and at T the share of the attention weight at the
 heaviest cell that comes from the tails (cells below 1e-6 of its mass); and between consecutive levels of
 the ladder (nside_min 16) the relative changes that the issue's bar judges (t_exit and t_EF within 2 %,
@@ -66,10 +66,14 @@ def spec(beta: float, nside_max: int, nside_min: int | None = None):
 
 
 def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None = None) -> dict | None:
-    """The record of one level (None if it has not been run and ``run`` is false)."""
-    from spherepde import limit_measure, load, spectral_data, sweep, wasserstein2_two_atoms
+    """The record of one level (None if it has not been run and ``run`` is false). The per-frame series
+    (alignments, W2 to Pi#rho_0 of the initial measure, cells) and the run's scalars come from the sweep's
+    dataset (``spherepde.sweeps.member_record``); the results file is read for the last state only."""
+    import xarray as xr
+
+    from spherepde import load, sweep
     from spherepde.diagnostics import exit_time, transition_time
-    from validation.fig3_density.common import PAPER_B, PAPER_V, measures
+    from validation.fig3_density.common import PAPER_B
 
     sp_ = spec(beta, nside_max, nside_min)
     out = RUNS / sp_.name
@@ -78,46 +82,36 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
         err = [str(e) for e in ds.error.values.ravel() if e]
         if err:
             raise RuntimeError(f"{sp_.name}: {err[0]}")
-    files = sorted(out.glob("members/*/results.h5"))
-    if not files:
+    elif (out / "sweep.nc").exists():
+        ds = xr.load_dataset(out / "sweep.nc")
+    else:
         return None
-    r = load(files[0])
-    if r.times[-1] < T_END - 1e-9:
+    t = np.asarray(ds["time"].values, float)
+    if str(ds["status"].values) != "done" or t[-1] < T_END - 1e-9:
         return None
-    t = np.asarray(r.times, float)
-    rows = {"align_E": [], "align_F": [], "align_Fabs": [], "W2": []}
-    g0 = r.grid_at(0)
-    spd = spectral_data(PAPER_B, PAPER_V)
-    atoms, aw = limit_measure(g0.centers, r.density[0] * g0.areas, PAPER_B, PAPER_V, spectral=spd)
-    cells = []
-    for i in range(len(t)):
-        g = r.grid_at(i)
-        w = np.asarray(r.density[i]) * g.areas
-        m = measures(g.centers, w[None, :], PAPER_B, PAPER_V, w2=False)
-        for k in ("align_E", "align_F", "align_Fabs"):
-            rows[k].append(float(m[k][0]))
-        rows["W2"].append(float(wasserstein2_two_atoms(g.centers, w, atoms, aw)))
-        cells.append(int(w.size))
+    rows = {k: np.asarray(ds[src].values, float).tolist() for k, src in
+            (("align_E", "alignment_E"), ("align_F", "alignment_F"), ("align_Fabs", "alignment_F_abs"),
+             ("W2", "w2_limit"))}
+    cells = [int(c) for c in ds["n_cells"].values]
     W2 = np.asarray(rows["W2"])
     in20 = t <= T_FIG4 + 1e-9
-    d = r.diagnostics
     t20 = t[in20]
-    rec = {"beta": beta, "nside_max": int(nside_max), "nside_min": int(g0.nside_min), "times": t.tolist(), **rows,
-           "cells": cells,
-           "t_exit": exit_time(t, rows["align_E"]), "t_EF": transition_time(t, rows["align_E"], rows["align_F"]),
-           "t_exit_20": exit_time(t20, np.asarray(rows["align_E"])[in20]),
-           "t_EF_20": transition_time(t20, np.asarray(rows["align_E"])[in20], np.asarray(rows["align_F"])[in20]),
+    aE, aF = np.asarray(rows["align_E"]), np.asarray(rows["align_F"])
+    rec = {"beta": beta, "nside_max": int(nside_max), "nside_min": sp_.members()[0].config.grid.nside_min,
+           "times": t.tolist(), **rows, "cells": cells,
+           "t_exit": float(ds["t_exit"]), "t_EF": float(ds["t_EF"]),
+           "t_exit_20": exit_time(t20, aE[in20]), "t_EF_20": transition_time(t20, aE[in20], aF[in20]),
            "plateau_w2": float(W2[in20].min()), "argmin_w2": float(t20[int(np.argmin(W2[in20]))]),
-           "max_cells": int(max(cells)), "cells_T": cells[-1], "steps": int(r.n_steps),
-           "wall_s": float(r.wall_time), "mass_drift": float(abs(d["mass"][-1] / d["mass"][0] - 1)),
-           "min_f": float(np.min(d["min"]))}
+           "max_cells": int(max(cells)), "cells_T": cells[-1], "steps": int(ds["n_steps"]),
+           "wall_s": float(ds["wall_time"]), "mass_drift": float(ds["mass_drift"]),
+           "min_f": float(ds["min_density_steps"])}
     # the third stage: the first time after t_exit that F's alignment exceeds 0.1 (the stall cone has
     # align F = 0; f0 has 1/3), and what holds the final state: the share of the attention weight at the
     # heaviest cell that comes from cells below 1e-6 of the heaviest cell's mass (the tails), their mass
-    aF = np.asarray(rows["align_F"])
     above = np.nonzero((aF > 0.1) & (t > rec["t_exit"]))[0] if math.isfinite(rec["t_exit"]) else np.array([], int)
     rec["t_F_01"] = float(t[above[0]]) if above.size else None
-    g = r.grid_at(len(t) - 1)
+    r = load(out / str(ds["results_file"].values))
+    g = r.grid_at(len(r.times) - 1)
     w = np.asarray(r.density[-1]) * g.areas
     x = g.centers[int(np.argmax(w))]
     e = float(beta) * (g.centers @ (PAPER_B @ x))
@@ -144,7 +138,7 @@ def changes(recs: list[dict]) -> list[dict]:
     return out
 
 
-def verdict(c: dict, finer: dict) -> str:
+def verdict(c: dict) -> str:
     """Whether a pair of levels meets the bar: t_exit and the plateau within it, and t_EF within it (or,
     said as such, reached by T at neither level, or at one only)."""
     within = [q for q in ("t_exit", "plateau_w2") if c[q] is not None and c[q] <= BAR[q]]
@@ -152,7 +146,7 @@ def verdict(c: dict, finer: dict) -> str:
         return "no"
     if c["t_EF"] is not None:
         return "yes" if c["t_EF"] <= BAR["t_EF"] else "t_exit and the plateau: yes; t_EF: no"
-    if c.get("t_EF_none_both", True):
+    if c["t_EF_none_both"]:
         return f"t_exit and the plateau: yes; t_EF: reached by T = {T_END:g} at neither level"
     return "t_exit and the plateau: yes; t_EF: no (reached by T at one level only)"
 
@@ -184,10 +178,10 @@ def report(recs: list[dict]) -> str:
           "|---|---|---|---|---|---|"]
     for beta in sorted({r["beta"] for r in recs}):
         sel = [r for r in ladder(recs) if r["beta"] == beta]
-        for a, c in zip(sel[1:], changes(sel)):
+        for c in changes(sel):
             L.append(f"| {beta:g} | {c['levels'][0]} -> {c['levels'][1]} | "
                      + " | ".join("-" if c[q] is None else f"{100 * c[q]:.1f} %" for q in BAR)
-                     + f" | {verdict(c, a)} |")
+                     + f" | {verdict(c)} |")
     return "\n".join(L) + "\n"
 
 
