@@ -19,7 +19,7 @@ piece reruns every member unless --resume. Each member's record is written
 to runs/<key>.json, so the study can be run in pieces (--nside, --extended) and assembled
 (--report-only).
 Writes results.md, results.json, curves.png, transition.png, minw2.png and ladder.csv (quick: *_quick.*);
-``--ladder-only`` rewrites ladder.csv from results.json (no runs).
+``--ladder-only`` rewrites ladder.csv from results.json and adaptive.json (no runs).
 
 ladder.csv (issue #17 item 1, read by external checks): the columns beta, f0, eps, nside_max, t_exit, t_EF,
 plateau_w2, max_cells, wall_s; a time that does not occur by T = 20 is empty; plateau_w2 is
@@ -95,11 +95,10 @@ def ladder_rows(recs, adaptive=()) -> list[dict]:
 def adaptive_rows() -> list[dict]:
     """The adaptive ladders of adaptive.py (adaptive.json: its levels on the default coarsest cells, not the
     runs that vary them), [] where none has been run."""
+    from validation.fig4_concentration.adaptive import ladder
+
     p = HERE / "adaptive.json"
-    if not p.exists():
-        return []
-    d = json.loads(p.read_text())
-    return [r for r in d["rows"] if r.get("nside_min", d["nside_min"]) == d["nside_min"]]
+    return ladder(json.loads(p.read_text())["rows"]) if p.exists() else []
 
 
 def write_ladder(recs, path: Path, adaptive=()) -> None:
