@@ -402,3 +402,27 @@ def test_runner_refuses_an_endless_run_with_a_config_error(tmp_path):
     with pytest.raises(ConfigError) as e:
         run_experiment(cfg, tmp_path / "out", figures=False)
     assert e.value.key == "time.t_end" and "max_steps" in str(e.value)
+
+
+def test_a_rejected_step_recomputes_a_stale_extrapolated_field(g8):
+    """The predicted error of a field extrapolated to t + dt, |a''| / 2 (t + dt - t_n)(t + dt - t_p), does not
+    vanish with dt when the last recomputation t_n lies before the step start t: no shorter attempt can meet
+    the tolerance, and the step used to halve dt 60 times and stop with "step size underflow" (an adaptive
+    run at beta 30, nside_max 512, t = 20.58). With the curvature made 1e6 times too large after a step
+    that extrapolated, the next step now recomputes the field at its start after the first rejection and is
+    accepted, with the field recomputed at that start; without the recomputation it raises."""
+    from spherepde.solver import Solver
+
+    # (rtol 1e-2: at 1e-3 this run recomputes the field at every step start, nothing is extrapolated)
+    s = Solver(g8, Attention(PAPER_B, PAPER_V, 5.0), near_uniform(0.3), Options(field_interval=10, rtol=1e-2))
+    for _ in range(60):
+        s.step()
+        if np.isfinite(s._field_curv) and s._history[-1][0] < s.t:
+            break
+    t0 = s.t
+    assert s._history[-1][0] < t0 and np.isfinite(s._field_curv)  # the step start's field is extrapolated
+    s._field_curv *= 1e6
+    dt = s.step()
+    assert dt > 0 and s.diag["rejected"][-1] >= 1
+    assert any(t == t0 for t, _, _ in s._history)  # recomputed at the step start
+    assert abs(s.grid.mass(s.f) - 1.0) < 1e-13
