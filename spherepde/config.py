@@ -19,7 +19,7 @@ Sections (see ``docs/user_guide.md`` and ``docs/examples/*.toml``)::
     name = "..."  description = "..."              # optional, top level
     [grid]      type = "healpix" (nside, edge_points) | "tensor" (d, n)
                      | "adaptive" (nside_min, nside_max, edge_points, max_cells, refine, variation, attention,
-                       floor, coarsen, buffer, regrid_interval)
+                       floor, coarsen, buffer, regrid_interval, attended)
     [model]     type = "zero_temperature" (B, V) | "attention" (B, V, beta, tol, method; beta = inf is
                      the zero-temperature limit)
                      | "prescribed_rotation" (axis, omega) | "prescribed_linear" (M)
@@ -78,7 +78,7 @@ MAX_KAPPA = 1e10
 GRID_TYPES = ("healpix", "tensor", "adaptive")
 #: The refinement keys of an adaptive [grid] -> the field of spherepde.grids.adaptive.Refinement.
 REFINEMENT_KEYS = {"variation": "variation", "attention": "attention", "floor": "floor", "coarsen": "coarsen",
-                   "buffer": "buffer", "regrid_interval": "interval"}
+                   "buffer": "buffer", "regrid_interval": "interval", "attended": "attended"}
 MODEL_TYPES = ("zero_temperature", "attention", "prescribed_rotation", "prescribed_linear", "feedforward",
                "multihead", "sum", "layers", "noise")
 #: The activations of a feed-forward term (spherepde.models.terms.ACTIVATIONS).
@@ -268,7 +268,8 @@ class GridConfig:
     Adaptive keys (defaults those of :class:`~spherepde.grids.adaptive.Refinement`): ``max_cells``
     (an error, naming it, when refinement would exceed it), ``refine`` (true; false keeps the
     ``nside_min`` cells all run), ``variation`` (0.25), ``attention`` (0.5), ``floor`` (1e-4), ``coarsen``
-    (0.25), ``buffer`` (2 rings), ``regrid_interval`` (4 steps), ``edge_points`` (6).
+    (0.25), ``buffer`` (2 rings), ``regrid_interval`` (4 steps), ``attended`` (false: true counts the
+    attention a cell receives as well as its density), ``edge_points`` (6).
     """
 
     type: str = "healpix"
@@ -286,6 +287,7 @@ class GridConfig:
     coarsen: float | None = None
     buffer: int | None = None
     regrid_interval: int | None = None
+    attended: bool | None = None
 
     @property
     def dim(self) -> int:
@@ -318,6 +320,7 @@ class GridConfig:
             kw["coarsen"] = _float(sec, "coarsen", w, lo=0.0, hi=1.0, hi_open=True)
             kw["buffer"] = _int(sec, "buffer", w, minimum=0)
             kw["regrid_interval"] = _int(sec, "regrid_interval", w, minimum=1)
+            kw["attended"] = _bool(sec, "attended", w, False) if "attended" in sec else None
             return cls(t, **kw)
         _check_keys(sec, ("type", "d", "n"), w)
         return cls(t, d=_int(sec, "d", w, minimum=2, maximum=4, required=True),

@@ -538,3 +538,113 @@ def test_quadratic_transfer_is_third_order_conservative_and_positive(monkeypatch
         seen.clear()
         s.advance(0.3)
         assert s.n_regrids > 0 and seen and set(seen) == {scheme == "quadratic"}
+
+
+# ---------------------------------------------------------------- the attended refinement (tails that hold the field)
+def _tail_state(eps=1e-17):
+    """A cluster (kappa 200) at c and a tail of relative height ``eps`` at y* = Bc / |Bc|, where the paper's
+    kernel at beta 30 weighs it e^39 above the cluster itself: at eps 1e-17 the tail carries 0.19 of the
+    attention weight at the cluster's peak with 1e-17 of its density. Grid: nside 4 to 64, both refined."""
+    B = np.diag([-1.0, -1.0, 1.0])
+    c = np.array([0.6, 0.54, 0.59]) / np.linalg.norm([0.6, 0.54, 0.59])
+    ys = B @ c / np.linalg.norm(B @ c)
+    g = AdaptiveHealpixGrid(4, 64, refinement=False)
+    g = g.refined_where(lambda gr: (gr.centers @ c > 0.9) | (gr.centers @ ys > 0.95), max_passes=4)
+    f = np.exp(200 * (g.centers @ c - 1)) + eps * np.exp(50 * (g.centers @ ys - 1))
+    return g, f, B, c, ys
+
+
+def _attended_exact(g, f, beta, B, floor=0.0):
+    """sigma_j = f_j sum_k M_k w(x_k, y_j) / Z_k over every cell (no aggregation), x at the cells' mass
+    centres: the definition, summed directly (N x N)."""
+    M = f * g.areas
+    Y = g.xbar / np.linalg.norm(g.xbar, axis=1, keepdims=True)
+    E = beta * (Y @ B) @ Y.T  # E[k, j] = beta <x_k, B y_j>
+    W = np.exp(E - E.max(axis=1, keepdims=True))
+    tgt = M >= floor * M.max()
+    return f * ((M[tgt] / (W @ M)[tgt]) @ W[tgt])
+
+
+def test_attended_density_against_the_direct_sum():
+    """attended_density against the N x N sum of its definition: equal to 1e-12 where the pixels are the
+    cells (uniform nside 8, beta 2: k = 3 = the grid's order; two heads: the larger), and on a mixed grid
+    at beta 30 (the nside 64 cells summed into nside 32 pixels) within a factor e (each pixel's weights
+    vary by at most e^(+-1/2) about its centroid where beta ||B|| h <= 1, in the numerator and in Z;
+    measured 1.84). With every pixel a target (floor 0) it integrates to the mass exactly: sum_P M_P g_P
+    = sum_k M_k sum_P M_P w_kP / Z_k = sum_k M_k (to 1e-14)."""
+    from spherepde.grids.adaptive import attended_density
+
+    rng = np.random.default_rng(3)
+    g = AdaptiveHealpixGrid(8, 8)
+    f = np.exp(rng.normal(size=g.n_cells))
+    B1, B2 = rng.normal(size=(3, 3)), rng.normal(size=(3, 3))
+    s = attended_density(g, f, [(2.0, B1), (1.5, B2)], floor=0.0)
+    ref = np.maximum(_attended_exact(g, f, 2.0, B1), _attended_exact(g, f, 1.5, B2))
+    np.testing.assert_allclose(s, ref, rtol=1e-12, atol=0)
+    s = attended_density(g, f, [(2.0, B1)], floor=0.3)  # the targets: pixels of >= 0.3 the heaviest's mass
+    np.testing.assert_allclose(s, _attended_exact(g, f, 2.0, B1, floor=0.3), rtol=1e-12, atol=0)
+    assert (s * g.areas).sum() < 0.9 * (f * g.areas).sum()  # (the floor left targets out)
+
+    g, f, B, _, _ = _tail_state()
+    s = attended_density(g, f, [(30.0, B)], floor=0.0)
+    assert abs((s * g.areas).sum() / (f * g.areas).sum() - 1) < 1e-14
+    ref = _attended_exact(g, f, 30.0, B)
+    m = ref > 1e-8 * ref.max()
+    assert np.abs(np.log(s[m] / ref[m])).max() <= 1.0
+    assert np.array_equal(attended_density(g, f, []), np.zeros(g.n_cells))  # no finite-beta head: nothing
+
+
+def test_attended_refinement_keeps_the_tails_that_hold_the_field():
+    """The tail of _tail_state: 1e-17 of the peak density, 0.19 of the attention weight at the peak. The
+    default criteria call it negligible (all its cells coarsened, none refined); Refinement(attended=True)
+    refines its cells where h beta ||B|| > 0.5 and coarsens none of them; without the model's kernels it
+    is the default."""
+    from spherepde.grids.adaptive import Refinement
+
+    g, f, B, c, ys = _tail_state()
+    Y = g.xbar / np.linalg.norm(g.xbar, axis=1, keepdims=True)
+    j = int(np.argmax(f))
+    w = f * g.areas * np.exp(30.0 * (Y[j] @ B @ Y.T) - 30.0)
+    tail = g.centers @ ys > 0.95
+    assert 0.1 < w[tail].sum() / w.sum() < 0.3 and f[tail].max() < 1e-16 * f.max()  # the state is as said
+    ref, crs = Refinement().flags(g, f, 30.0, [(30.0, B)])
+    assert not ref[tail].any() and crs[tail].all()
+    ref, crs = Refinement(attended=True).flags(g, f, 30.0, [(30.0, B)])
+    coarse = tail & (np.sqrt(g.areas) * 30.0 > 0.5)
+    assert coarse.sum() > 50 and ref[coarse].all() and not crs[tail].any()
+    ref0, crs0 = Refinement().flags(g, f, 30.0)
+    ref1, crs1 = Refinement(attended=True).flags(g, f, 30.0)
+    assert np.array_equal(ref0, ref1) and np.array_equal(crs0, crs1)
+    with pytest.raises(TypeError, match="Refinement.attended"):
+        Refinement(attended="yes")
+
+
+def test_solver_hands_the_kernels_to_the_attended_refinement():
+    """Through sp.solve: on the initial density (the refinement before the run) and at the regrids of a run
+    (beta 30, paper matrices), the attended criterion refines the tail at y* to nside 16 and keeps it
+    refined, the default leaves it on nside 4 cells; the tail's mass is kept to round-off either way."""
+    from spherepde.config import MATRIX_PRESETS
+    from spherepde.grids.adaptive import Refinement
+
+    P = MATRIX_PRESETS["paper"]
+    B = np.asarray(P["B"], float)
+    c = np.array([0.6, 0.54, 0.59]) / np.linalg.norm([0.6, 0.54, 0.59])
+    ys = B @ c / np.linalg.norm(B @ c)
+
+    def f0(x):
+        return np.exp(200 * (x @ c - 1)) + 1e-17 * np.exp(50 * (x @ ys - 1))
+
+    model = sp.Attention(P["B"], P["V"], 30.0)
+    orders = {}
+    for att in (False, True):
+        grid = AdaptiveHealpixGrid(4, 16, refinement=Refinement(attended=att))
+        res = sp.solve(grid, model, f0, 0.02, save_at=[0.0, 0.02])
+        assert res.n_steps >= grid.regrid_interval  # SSP-RK(4,3) regrids every 4 / 2 steps: two regrids or more
+        orders[att] = []
+        for i in (0, 1):
+            gi = res.grid_at(i)
+            near = gi.centers @ ys > 0.97
+            orders[att].append(int(gi.order[near].min()))
+            m = np.asarray(res.density[i]) * gi.areas
+            assert abs(m.sum() / (np.asarray(res.density[0]) * res.grid_at(0).areas).sum() - 1) < 1e-13
+    assert orders[False] == [2, 2] and orders[True] == [4, 4]

@@ -58,6 +58,8 @@ def test_config_builds_the_adaptive_grid_and_names_bad_keys():
     assert g.refinement == Refinement(variation=0.3, buffer=1, interval=2) and g.regrid_interval == 2
     assert cfg.build_grid().refinement.attention == Refinement().attention  # the rest: the defaults
     assert _cfg(refine="false").build_grid().refinement is False
+    assert _cfg(attended="true").build_grid().refinement == Refinement(attended=True)
+    assert not cfg.build_grid().refinement.attended  # off unless asked for
     f0 = cfg.build_initial(g)  # the density function, on which the solver refines before the run
     assert callable(f0) and [w for _, w in f0.features] == pytest.approx([150 ** -0.5, 80 ** -0.5])
     assert parse_config(cfg.text).to_json() == cfg.to_json()  # the TOML it writes reads back the same
@@ -67,6 +69,7 @@ def test_config_builds_the_adaptive_grid_and_names_bad_keys():
                       (CONFIG.replace("nside_max = 32", "nside_max = 32\nnside = 8"), "grid.nside"),
                       (CONFIG.replace("nside_max = 32", "nside_max = 32\ncoarsen = 1.0"), "grid.coarsen"),
                       (CONFIG.replace("nside_max = 32", "nside_max = 32\nmax_cells = 10"), "grid.max_cells"),
+                      (CONFIG.replace("nside_max = 32", "nside_max = 32\nattended = 1"), "grid.attended"),
                       (CONFIG.replace("uniform_weight = 0.05", 'uniform_weight = 0.05\nsample = "center"'),
                        "initial.sample")):
         with pytest.raises(ConfigError) as e:

@@ -50,7 +50,7 @@ from ._healpix_map import FACE_AREA, face_map
 from .base import Grid, incidence, least_squares_stencil, quadratic_pairs, quadratic_width, tangent_frames
 from .healpix import _EDGES, HealpixGrid, _set_faces, _square_rule, edge_quadrature
 
-__all__ = ["AdaptiveHealpixGrid", "Refinement", "nest_to_uniq", "uniq_to_nest", "transfer"]
+__all__ = ["AdaptiveHealpixGrid", "Refinement", "attended_density", "nest_to_uniq", "uniq_to_nest", "transfer"]
 
 #: Widest reconstruction stencil: the 12 pixels of order k + 1 around a cell, each in a distinct leaf.
 STENCIL_WIDTH = 12
@@ -206,6 +206,60 @@ def _leaf_or_coarser(leaves: _Leaves, order: int, ipix: np.ndarray) -> np.ndarra
     return leaves.containing(np.full(ipix.shape, order, np.int64), ipix, up=order)
 
 
+#: Coarsest cell of the aggregation in :func:`attended_density` (nside 2^ATTENDED_ORDER_MAX at most: 49152
+#: pixels, so that the targets x pixels exponentials of one regrid stay below ~6e8 in the worst case).
+ATTENDED_ORDER_MAX = 6
+#: Target pixels in one block of :func:`attended_density` (its memory: BLOCK x pixels doubles).
+_ATTENDED_BLOCK = 256
+
+
+def attended_density(grid: "AdaptiveHealpixGrid", f, kernels, floor: float = 1e-4) -> np.ndarray:
+    """The density of the attention each cell receives, sigma(y) = f(y) g(y), g(y) = int f(x) w(x, y) / Z(x) dx,
+    w(x, y) = exp(beta <x, B y>), Z(x) = int f(z) w(x, z) dz: the share of the weight that the mass at x gives
+    to y, summed over the mass. sigma is a probability density when f is one (int sigma = int f), it is f
+    where the mass attends to itself, and it is large where a thin tail carries weight out of all proportion
+    to its mass. Several kernels (heads): the largest sigma.
+
+    An estimate for refinement, not a certified quantity: the cells are summed into pixels of order
+    k = ceil(log2(1.02 beta ||B||)) (where beta ||B|| h <= 1, so w varies by at most e across one;
+    clamped to the grid's orders and to ATTENDED_ORDER_MAX), each at its mass centroid; the targets x are
+    the pixels holding at least ``floor`` times the heaviest pixel's mass; g is taken at a cell's pixel.
+    Cost: targets x pixels exponentials, in blocks of _ATTENDED_BLOCK targets.
+    """
+    f = np.asarray(f, float)
+    mass = np.maximum(f, 0.0) * grid.areas
+    best = np.zeros(grid.n_cells)
+    if not mass.sum() > 0:
+        return best
+    for beta, B in kernels:
+        beta, B = float(beta), np.asarray(B, float)
+        scale = beta * float(np.linalg.norm(B, 2))
+        if not (np.isfinite(scale) and scale > 0):
+            continue
+        k = int(np.ceil(np.log2(max(1.0233 * scale, 1.0))))
+        k = min(max(k, grid.order_min), grid.order_max, max(ATTENDED_ORDER_MAX, grid.order_min))
+        up = np.maximum(grid.order - k, 0)
+        key = nest_to_uniq(grid.order - up, grid.ipix >> (2 * up))  # the cell itself where coarser than k
+        _, pix = np.unique(key, return_inverse=True)
+        pix = pix.ravel()
+        P = int(pix.max()) + 1
+        M = np.bincount(pix, mass, P)
+        w = mass + 1e-300 * grid.areas  # a pixel without mass sits at its area centroid
+        Y = np.stack([np.bincount(pix, w * grid.xbar[:, d], P) for d in range(3)], axis=1)
+        Y /= np.linalg.norm(Y, axis=1, keepdims=True)
+        tgt = np.nonzero(M >= floor * M.max())[0]
+        U = beta * (Y[tgt] @ B)  # (K, 3): beta <x_k, B y> = <U_k, y>
+        g = np.zeros(P)
+        for a in range(0, len(tgt), _ATTENDED_BLOCK):
+            E = U[a:a + _ATTENDED_BLOCK] @ Y.T  # (b, P)
+            E -= E.max(axis=1, keepdims=True)
+            np.exp(E, out=E)
+            Z = E @ M  # Z(x_k) e^-max_k
+            g += (M[tgt[a:a + _ATTENDED_BLOCK]] / Z) @ E
+        best = np.maximum(best, f * g[pix])
+    return best
+
+
 @dataclass(frozen=True)
 class Refinement:
     """When an :class:`AdaptiveHealpixGrid` refines and coarsens (during a run, every ``interval`` steps).
@@ -221,6 +275,13 @@ class Refinement:
       (r_i < ``coarsen`` x ``variation`` and 2 h_i beta ||B|| <= ``attention``: the parent would not be
       refined again at once), never within the buffer of a refined cell.
 
+    With ``attended=True`` a cell also counts as significant where the density of the attention it receives,
+    sigma(y) = f(y) int f(x) w(x, y) / Z(x) dx with w = exp(beta <x, B y>) and Z(x) = int f w(x, .) (a
+    probability density like f: :func:`attended_density`), reaches the floor: the thin tails that the
+    exponential weights raise above the clusters (a cell holding 1e-11 of the mass can carry a third of the
+    weight at a cluster of beta = 30, ``validation/fig4_concentration``) are then refined and kept like mass,
+    not coarsened as negligible.
+
     Parameters
     ----------
     variation : float, default 0.25
@@ -233,6 +294,9 @@ class Refinement:
         CFL steps between regrids: steps of SSP-RK3, SSP-RK2 or Euler; a stepper of SSP coefficient c
         (SSP-RK(4,3): 2), whose steps are c times as long, regrids every interval / c steps. At CFL 0.4 a
         feature moves at most 1.6 cells in 4 CFL steps, within a buffer of 2 rings.
+    attended : bool, default False
+        Count the attention a cell receives as well as its density (above); the grid needs the model's
+        attention kernels, which the solver hands to :meth:`AdaptiveHealpixGrid.regrid`.
     """
 
     variation: float = 0.25
@@ -241,6 +305,7 @@ class Refinement:
     coarsen: float = 0.25
     buffer: int = 2
     interval: int = 4
+    attended: bool = False
 
     def __post_init__(self):
         for name in ("variation", "attention", "floor", "coarsen"):
@@ -249,9 +314,14 @@ class Refinement:
             raise ValueError(f"Refinement.variation must be > 0 and coarsen < 1, got {self.variation}, {self.coarsen}")
         object.__setattr__(self, "buffer", positive_int(self.buffer, "Refinement.buffer", minimum=0))
         object.__setattr__(self, "interval", positive_int(self.interval, "Refinement.interval", minimum=0))
+        if not isinstance(self.attended, (bool, np.bool_)):
+            raise TypeError(f"Refinement.attended must be True or False, got {self.attended!r}")
+        object.__setattr__(self, "attended", bool(self.attended))
 
-    def flags(self, grid: "AdaptiveHealpixGrid", f, scale: float = 0.0):
-        """(refine, coarsen) boolean arrays over the cells of ``grid`` for the density ``f``."""
+    def flags(self, grid: "AdaptiveHealpixGrid", f, scale: float = 0.0, kernels=()):
+        """(refine, coarsen) boolean arrays over the cells of ``grid`` for the density ``f``; ``kernels``:
+        the model's attention kernels ``[(beta, B), ...]`` (:func:`spherepde.models.terms.attention_kernels`),
+        which ``attended`` needs."""
         f = np.asarray(f, float)
         nb = f[grid.stencil]  # (N, S): the stencil pads with the cell itself
         hi = np.maximum(nb.max(axis=1), f)
@@ -261,11 +331,16 @@ class Refinement:
         with np.errstate(divide="ignore", invalid="ignore"):
             var = np.where(hi > 0, (hi - lo) / hi, 0.0)
         significant = hi >= floor if fmax > 0 else np.zeros(grid.n_cells, bool)
+        holds = f >= floor
+        if self.attended and kernels and fmax > 0 and not significant.all():
+            sigma = attended_density(grid, f, kernels, self.floor)
+            holds |= sigma >= floor
+            significant |= np.maximum(sigma[grid.stencil].max(axis=1), sigma) >= floor
         h = np.sqrt(grid.areas)
         att = h * scale
         refine = significant & (var > self.variation)
         if scale > 0:
-            refine |= (f >= floor) & (att > self.attention) & (fmax > 0)
+            refine |= holds & (att > self.attention) & (fmax > 0)
         near = refine.copy()
         for _ in range(self.buffer):
             near |= near[grid.stencil].any(axis=1)
@@ -571,7 +646,7 @@ class AdaptiveHealpixGrid(Grid):
                                    _reuse=self if balanced else None)
 
     # ------------------------------------------------------------ the grid contract of a changing grid
-    def initial(self, f0, attention_scale: float = 0.0) -> "AdaptiveHealpixGrid":
+    def initial(self, f0, attention_scale: float = 0.0, kernels=()) -> "AdaptiveHealpixGrid":
         """Refine on the initial density ``f0(x)`` by the :attr:`refinement` criteria, from this grid, until
         they ask for nothing more (refinement only; the averages are recomputed from ``f0`` on every pass,
         so a narrow feature's mass is integrated on its fine cells). Features narrower than the quadrature
@@ -586,18 +661,19 @@ class AdaptiveHealpixGrid(Grid):
                 f = np.maximum(grid.cell_average(f0, rtol=1e-10, features=feats), 0.0)
             else:
                 f = np.maximum(grid.cell_average(f0), 0.0)
-            ref, _ = grid.refinement.flags(grid, f, attention_scale)
+            ref, _ = grid.refinement.flags(grid, f, attention_scale, kernels)
             if not ref.any():
                 break
             grid = grid.adapt(refine=ref)
         return grid
 
-    def regrid(self, f, attention_scale: float = 0.0, quadratic: bool = False):
+    def regrid(self, f, attention_scale: float = 0.0, quadratic: bool = False, kernels=()):
         """``(new grid, f transferred)`` by the :attr:`refinement` criteria, None when the cells stay;
-        ``quadratic``: the transfer with the quadratic reconstruction (:func:`transfer`)."""
+        ``quadratic``: the transfer with the quadratic reconstruction (:func:`transfer`); ``kernels``: the
+        model's attention kernels (for ``Refinement.attended``)."""
         if not self.refinement:
             return None
-        ref, crs = self.refinement.flags(self, f, attention_scale)
+        ref, crs = self.refinement.flags(self, f, attention_scale, kernels)
         if not ref.any() and not crs.any():
             return None
         new = self.adapt(refine=ref, coarsen=crs)

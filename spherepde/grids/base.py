@@ -80,15 +80,17 @@ class Grid:
     #: of the attention field); None for every other grid.
     circle_start: float | None = None
 
-    def initial(self, f0, attention_scale: float = 0.0) -> "Grid":
+    def initial(self, f0, attention_scale: float = 0.0, kernels=()) -> "Grid":
         """The grid a run from the initial density ``f0(x)`` starts on: ``self`` for a fixed grid; an adaptive
         grid refines where ``f0`` needs it (:meth:`spherepde.grids.adaptive.AdaptiveHealpixGrid.initial`)."""
         return self
 
-    def regrid(self, f, attention_scale: float = 0.0, quadratic: bool = False):
+    def regrid(self, f, attention_scale: float = 0.0, quadratic: bool = False, kernels=()):
         """``(new grid, f on it)`` when the grid adapts to the density ``f``, else None (a fixed grid: always).
         The solver calls it every :attr:`regrid_interval` steps and remakes its grid arrays in one place;
-        ``quadratic``: move f with the quadratic reconstruction (the scheme's), not the linear one."""
+        ``quadratic``: move f with the quadratic reconstruction (the scheme's), not the linear one;
+        ``attention_scale`` and ``kernels``: the model's (:func:`spherepde.models.terms.attention_scale`,
+        :func:`~spherepde.models.terms.attention_kernels`), for criteria that follow the attention."""
         return None
 
     def move_field(self, values, target: "Grid") -> np.ndarray:

@@ -44,7 +44,7 @@ from .._checks import as_points, finite_float, real_array
 from .base import Model, tangent_project
 
 __all__ = ["Sum", "MultiHead", "FeedForward", "Layers", "Noise", "ACTIVATIONS", "resolve", "decompose",
-           "boundaries", "interval_index", "describe", "noise_diffusivity", "attention_scale", "attention_heads"]
+           "boundaries", "interval_index", "describe", "noise_diffusivity", "attention_scale", "attention_kernels", "attention_heads"]
 
 
 def _relu(z):
@@ -456,15 +456,22 @@ def describe(model) -> str:
     return type(model).__name__
 
 
+def attention_kernels(model) -> list:
+    """The finite-temperature attention kernels of a resolved model, ``[(beta_h, B_h), ...]`` over its heads
+    (w(x, y) = exp(beta_h <x, B_h y>)): what a refinement criterion that follows the attention weights needs
+    (:func:`spherepde.grids.adaptive.attended_density`)."""
+    out = []
+    for _, head in decompose(model)[1]:
+        beta, B = getattr(head, "beta", None), getattr(head, "B", None)
+        if beta is None or B is None or not np.isfinite(beta):
+            continue
+        out.append((float(beta), np.asarray(B, float)))
+    return out
+
+
 def attention_scale(model) -> float:
     """The attention's angular scale of a resolved model: max over its heads of beta_h ||B_h||_2 (the largest
     concentration of the kernel exp(beta <x, B y>)), 0 without a finite-temperature head. An adaptive grid
     refines where a cell's size times this exceeds its threshold (:class:`spherepde.grids.adaptive.Refinement`):
     across such a cell the attention weights vary by a factor exp(beta ||B|| h)."""
-    scale = 0.0
-    for _, head in decompose(model)[1]:
-        beta, B = getattr(head, "beta", None), getattr(head, "B", None)
-        if beta is None or B is None or not np.isfinite(beta):
-            continue
-        scale = max(scale, float(beta) * float(np.linalg.norm(np.asarray(B, float), 2)))
-    return scale
+    return max((beta * float(np.linalg.norm(B, 2)) for beta, B in attention_kernels(model)), default=0.0)
