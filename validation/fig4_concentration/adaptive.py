@@ -17,9 +17,10 @@ the alignment with F exceeds 0.1 (the stall cone is left), and at T the share of
 heaviest cell that comes from the tails (cells below 1e-6 of its mass); and between consecutive levels of
 the ladder (nside_min 16) the relative changes that the issue's bar judges (t_exit and t_EF within 2 %,
 plateau W2 within 5 %). ``--nside-min`` runs a level with finer coarsest cells (where the tails live), beside
-the ladder.
+the ladder; ``--attended`` runs the levels with ``Refinement(attended=True)`` (the tails that carry attention
+weight refined like mass), a ladder of its own.
 
-Usage: python validation/fig4_concentration/adaptive.py [--beta 30] [--nside-max 64 128 256]
+Usage: python validation/fig4_concentration/adaptive.py [--beta 30] [--nside-max 64 128 256] [--attended]
 (writes adaptive.md and adaptive.json beside this file; ``--report-only`` rebuilds them from the sweeps'
 directories without running anything new).
 """
@@ -50,22 +51,25 @@ T_FIG4 = 20.0
 BAR = {"t_exit": 0.02, "t_EF": 0.02, "plateau_w2": 0.05}
 
 
-def spec(beta: float, nside_max: int, nside_min: int | None = None):
+def spec(beta: float, nside_max: int, nside_min: int | None = None, attended: bool = False):
     """The sweep of one level (one member); ``nside_min`` other than NSIDE_MIN (the tails' resolution,
-    see the README) gets a sweep name of its own."""
+    see the README) and the attended refinement (``Refinement(attended=True)``) get sweep names of their own."""
     from spherepde.sweeps import parse_sweep
 
     nmin = NSIDE_MIN if nside_min is None else int(nside_min)
     base = tomllib.loads((HERE / "sweeps" / "base.toml").read_text())
     base["grid"] = {"type": "adaptive", "nside_min": nmin, "nside_max": int(nside_max)}
+    if attended:
+        base["grid"]["attended"] = True
     base["initial"]["sample"] = "average"
     base["model"]["beta"] = float(beta)
     base["time"]["t_end"] = T_END
-    tag = "" if nmin == NSIDE_MIN else f"_min{nmin}"
+    tag = ("" if nmin == NSIDE_MIN else f"_min{nmin}") + ("_att" if attended else "")
     return parse_sweep({"sweep": {"name": f"fig4_adaptive_b{beta:g}_{nside_max}{tag}"}, "base": base}, base_dir=HERE)
 
 
-def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None = None) -> dict | None:
+def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None = None,
+           attended: bool = False) -> dict | None:
     """The record of one level (None if it has not been run and ``run`` is false). The per-frame series
     (alignments, W2 to Pi#rho_0 of the initial measure, cells) and the run's scalars come from the sweep's
     dataset (``spherepde.sweeps.member_record``); the results file is read for the last state only."""
@@ -75,7 +79,7 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     from spherepde.diagnostics import exit_time, transition_time
     from validation.fig3_density.common import PAPER_B
 
-    sp_ = spec(beta, nside_max, nside_min)
+    sp_ = spec(beta, nside_max, nside_min, attended)
     out = RUNS / sp_.name
     if run:
         ds = sweep(sp_, out, workers=1, quiet=True, progress=False)
@@ -98,6 +102,7 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     t20 = t[in20]
     aE, aF = np.asarray(rows["align_E"]), np.asarray(rows["align_F"])
     rec = {"beta": beta, "nside_max": int(nside_max), "nside_min": sp_.members()[0].config.grid.nside_min,
+           "attended": bool(attended),
            "times": t.tolist(), **rows, "cells": cells,
            "t_exit": float(ds["t_exit"]), "t_EF": float(ds["t_EF"]),
            "t_exit_20": exit_time(t20, aE[in20]), "t_EF_20": transition_time(t20, aE[in20], aF[in20]),
@@ -157,16 +162,18 @@ def report(recs: list[dict]) -> str:
 
     L = ["# Figure 4's perturbed runs on adaptive grids (validation/fig4_concentration/adaptive.py)", "",
          f"The study's perturbed f0 (eps = 0.05), its base configuration, on AdaptiveHealpixGrid(nside_min, "
-         f"nside_max) with the default refinement, to T = {T_END:g}. The plateau is min W2(rho_t, Pi#rho_0) over "
+         f"nside_max) with the default refinement or the attended one (Refinement(attended=True): cells that "
+         f"carry attention weight count as mass), to T = {T_END:g}. The plateau is min W2(rho_t, Pi#rho_0) over "
          f"t <= {T_FIG4:g}; t_exit and t_EF over the whole run (\"none\": not by T); t(F > 0.1) the first saved "
          "time at which the alignment with F exceeds 0.1 (the stall cone has none); at T, the share of the "
          "attention weight at the heaviest cell that comes from the tails (cells below 1e-6 of its mass), the "
          "tails' mass and the heaviest cell's share of the mass.", "",
-         "| beta | nside_min | nside_max | t_exit | t_EF | t(F > 0.1) | plateau W2 (at t) | final align E / F / F_abs | "
+         "| beta | refinement | nside_min | nside_max | t_exit | t_EF | t(F > 0.1) | plateau W2 (at t) | final align E / F / F_abs | "
          "tails' attention share / mass at T | heaviest cell at T | cells at most / at T | steps | wall s | "
-         "mass drift | min f |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+         "mass drift | min f |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(recs, key=key):
-        L.append(f"| {r['beta']:g} | {r.get('nside_min', NSIDE_MIN)} | {r['nside_max']} | {f(r['t_exit'])} | "
+        L.append(f"| {r['beta']:g} | {'attended' if r.get('attended') else 'default'} | "
+                 f"{r.get('nside_min', NSIDE_MIN)} | {r['nside_max']} | {f(r['t_exit'])} | "
                  f"{f(r['t_EF'])} | {f(r.get('t_F_01'))} | {r['plateau_w2']:.4f} ({r['argmin_w2']:.2f}) | "
                  f"{r['align_E'][-1]:.3f} / {r['align_F'][-1]:.3f} / {r['align_Fabs'][-1]:.3f} | "
                  f"{r.get('tail_share_T', float('nan')):.3f} / {r.get('tail_mass_T', float('nan')):.1e} | "
@@ -174,12 +181,13 @@ def report(recs: list[dict]) -> str:
                  f"{r['max_cells']} / {r['cells_T']} | {r['steps']} | {r['wall_s']:.0f} | {r['mass_drift']:.1e} | "
                  f"{r['min_f']:.1e} |")
     L += ["", "Relative change between consecutive levels (the issue's bar: t_exit and t_EF <= 2 %, plateau W2 "
-          "<= 5 % between the two finest):", "", "| beta | levels | t_exit | t_EF | plateau W2 | within the bar |",
-          "|---|---|---|---|---|---|"]
-    for beta in sorted({r["beta"] for r in recs}):
-        sel = [r for r in ladder(recs) if r["beta"] == beta]
+          "<= 5 % between the two finest), per ladder (nside_min 16; default or attended refinement):", "",
+          "| beta | refinement | levels | t_exit | t_EF | plateau W2 | within the bar |",
+          "|---|---|---|---|---|---|---|"]
+    for beta, att in sorted({(r["beta"], r.get("attended", False)) for r in recs}):
+        sel = [r for r in ladder(recs, att) if r["beta"] == beta]
         for c in changes(sel):
-            L.append(f"| {beta:g} | {c['levels'][0]} -> {c['levels'][1]} | "
+            L.append(f"| {beta:g} | {'attended' if att else 'default'} | {c['levels'][0]} -> {c['levels'][1]} | "
                      + " | ".join("-" if c[q] is None else f"{100 * c[q]:.1f} %" for q in BAR)
                      + f" | {verdict(c)} |")
     return "\n".join(L) + "\n"
@@ -193,10 +201,11 @@ def figure(recs: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    betas = sorted({r["beta"] for r in recs})
-    fig, ax = plt.subplots(len(betas), 3, figsize=(15, 4.2 * len(betas)), squeeze=False)
-    for row, beta in zip(ax, betas):
-        sel = [r for r in recs if r["beta"] == beta]
+    panels = sorted({(r["beta"], r.get("attended", False)) for r in recs})
+    fig, ax = plt.subplots(len(panels), 3, figsize=(15, 4.2 * len(panels)), squeeze=False)
+    for row, (beta, att) in zip(ax, panels):
+        sel = [r for r in recs if r["beta"] == beta and r.get("attended", False) == att]
+        how = "attended refinement" if att else "default refinement"
         shades = np.linspace(0.75, 0.0, len(sel))
         for r, sh in zip(sel, shades):
             t = np.asarray(r["times"])
@@ -209,7 +218,7 @@ def figure(recs: list[dict], path: Path) -> None:
             if r["t_exit"] is not None:
                 row[0].axvline(r["t_exit"], color=(sh, sh, 1.0), lw=0.6, ls=":")
         row[0].axhline(0.9, color="0.5", lw=0.5)
-        row[0].set(xlabel="t", ylabel="alignment", title=f"beta = {beta:g}: alignments (dotted: t_exit)")
+        row[0].set(xlabel="t", ylabel="alignment", title=f"beta = {beta:g}, {how}: alignments (dotted: t_exit)")
         row[0].legend(fontsize=6, ncol=2)
         row[1].axvline(T_FIG4, color="0.5", lw=0.5)
         row[1].set(xlabel="t", ylabel="W2(rho_t, Pi#rho_0)", title="W2 to the limit measure")
@@ -223,12 +232,14 @@ def figure(recs: list[dict], path: Path) -> None:
 
 
 def key(rec: dict) -> tuple:
-    return rec["beta"], rec.get("nside_min", NSIDE_MIN), rec["nside_max"]
+    return rec["beta"], rec.get("nside_min", NSIDE_MIN), rec.get("attended", False), rec["nside_max"]
 
 
-def ladder(recs: list[dict]) -> list[dict]:
-    """The ladder proper: the levels on the default coarsest cells, by beta and nside_max."""
-    return sorted((r for r in recs if r.get("nside_min", NSIDE_MIN) == NSIDE_MIN), key=key)
+def ladder(recs: list[dict], attended: bool = False) -> list[dict]:
+    """The ladder proper: the levels on the default coarsest cells, by beta and nside_max; ``attended``: the
+    ladder of the attended refinement (``Refinement(attended=True)``) instead of the default one."""
+    return sorted((r for r in recs if r.get("nside_min", NSIDE_MIN) == NSIDE_MIN
+                   and r.get("attended", False) == attended), key=key)
 
 
 def main(argv=None):
@@ -237,6 +248,8 @@ def main(argv=None):
     ap.add_argument("--nside-max", type=int, nargs="+", default=NSIDE_MAX)
     ap.add_argument("--nside-min", type=int, default=NSIDE_MIN,
                     help="the coarsest cells (the tails' resolution; the ladder is the one at the default)")
+    ap.add_argument("--attended", action="store_true",
+                    help="refine with Refinement(attended=True): the tails that carry attention weight count as mass")
     ap.add_argument("--report-only", action="store_true", help="only the levels already run")
     a = ap.parse_args(argv)
     old = {}
@@ -244,7 +257,7 @@ def main(argv=None):
         old = {key(r): r for r in json.loads((OUT / "adaptive.json").read_text())["rows"]}
     for beta in a.beta:
         for nmax in a.nside_max:
-            rec = member(beta, nmax, run=not a.report_only, nside_min=a.nside_min)
+            rec = member(beta, nmax, run=not a.report_only, nside_min=a.nside_min, attended=a.attended)
             if rec is not None:
                 old[key(rec)] = rec
                 print(f"beta {beta:g} nside_max {nmax}: t_exit {rec['t_exit']}, t_EF {rec['t_EF']}, "
@@ -254,7 +267,7 @@ def main(argv=None):
             (OUT / "adaptive.md").write_text(report(recs))
     recs = [old[k] for k in sorted(old)]
     if recs:
-        figure(ladder(recs), OUT / "adaptive.png")
+        figure(ladder(recs) + ladder(recs, attended=True), OUT / "adaptive.png")
     print(report(recs))
 
 
