@@ -206,8 +206,9 @@ def _leaf_or_coarser(leaves: _Leaves, order: int, ipix: np.ndarray) -> np.ndarra
     return leaves.containing(np.full(ipix.shape, order, np.int64), ipix, up=order)
 
 
-#: Coarsest cell of the aggregation in :func:`attended_density` (nside 2^ATTENDED_ORDER_MAX at most: 49152
-#: pixels, so that the targets x pixels exponentials of one regrid stay below ~6e8 in the worst case).
+#: Highest order of the pixels that :func:`attended_density` sums cells into (nside 2^ATTENDED_ORDER_MAX, 49152
+#: pixels: finer cells are summed into these, so that one regrid's targets x pixels exponentials stay below
+#: ~6e8 in the worst case).
 ATTENDED_ORDER_MAX = 6
 #: Target pixels in one block of :func:`attended_density` (its memory: BLOCK x pixels doubles).
 _ATTENDED_BLOCK = 256

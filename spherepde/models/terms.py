@@ -44,7 +44,8 @@ from .._checks import as_points, finite_float, real_array
 from .base import Model, tangent_project
 
 __all__ = ["Sum", "MultiHead", "FeedForward", "Layers", "Noise", "ACTIVATIONS", "resolve", "decompose",
-           "boundaries", "interval_index", "describe", "noise_diffusivity", "attention_scale", "attention_kernels", "attention_heads"]
+           "boundaries", "interval_index", "describe", "noise_diffusivity", "attention_scale", "attention_kernels",
+           "attention_heads"]
 
 
 def _relu(z):

@@ -51,6 +51,11 @@ T_FIG4 = 20.0
 BAR = {"t_exit": 0.02, "t_EF": 0.02, "plateau_w2": 0.05}
 
 
+def refinement_name(attended: bool) -> str:
+    """How the report and the figure name a ladder's refinement."""
+    return "attended" if attended else "default"
+
+
 def spec(beta: float, nside_max: int, nside_min: int | None = None, attended: bool = False):
     """The sweep of one level (one member); ``nside_min`` other than NSIDE_MIN (the tails' resolution,
     see the README) and the attended refinement (``Refinement(attended=True)``) get sweep names of their own."""
@@ -172,7 +177,7 @@ def report(recs: list[dict]) -> str:
          "tails' attention share / mass at T | heaviest cell at T | cells at most / at T | steps | wall s | "
          "mass drift | min f |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(recs, key=key):
-        L.append(f"| {r['beta']:g} | {'attended' if r.get('attended') else 'default'} | "
+        L.append(f"| {r['beta']:g} | {refinement_name(r.get('attended', False))} | "
                  f"{r.get('nside_min', NSIDE_MIN)} | {r['nside_max']} | {f(r['t_exit'])} | "
                  f"{f(r['t_EF'])} | {f(r.get('t_F_01'))} | {r['plateau_w2']:.4f} ({r['argmin_w2']:.2f}) | "
                  f"{r['align_E'][-1]:.3f} / {r['align_F'][-1]:.3f} / {r['align_Fabs'][-1]:.3f} | "
@@ -187,14 +192,14 @@ def report(recs: list[dict]) -> str:
     for beta, att in sorted({(r["beta"], r.get("attended", False)) for r in recs}):
         sel = [r for r in ladder(recs, att) if r["beta"] == beta]
         for c in changes(sel):
-            L.append(f"| {beta:g} | {'attended' if att else 'default'} | {c['levels'][0]} -> {c['levels'][1]} | "
+            L.append(f"| {beta:g} | {refinement_name(att)} | {c['levels'][0]} -> {c['levels'][1]} | "
                      + " | ".join("-" if c[q] is None else f"{100 * c[q]:.1f} %" for q in BAR)
                      + f" | {verdict(c)} |")
     return "\n".join(L) + "\n"
 
 
 def figure(recs: list[dict], path: Path) -> None:
-    """adaptive.png: per beta, the alignments with E, F and F_abs, W2 to Pi#rho_0 and the cell count
+    """adaptive.png: per beta and refinement (one row each), the alignments with E, F and F_abs, W2 to Pi#rho_0 and the cell count
     against t, one line style per level (the finest level darkest)."""
     import matplotlib
 
@@ -205,7 +210,6 @@ def figure(recs: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(len(panels), 3, figsize=(15, 4.2 * len(panels)), squeeze=False)
     for row, (beta, att) in zip(ax, panels):
         sel = [r for r in recs if r["beta"] == beta and r.get("attended", False) == att]
-        how = "attended refinement" if att else "default refinement"
         shades = np.linspace(0.75, 0.0, len(sel))
         for r, sh in zip(sel, shades):
             t = np.asarray(r["times"])
@@ -218,7 +222,7 @@ def figure(recs: list[dict], path: Path) -> None:
             if r["t_exit"] is not None:
                 row[0].axvline(r["t_exit"], color=(sh, sh, 1.0), lw=0.6, ls=":")
         row[0].axhline(0.9, color="0.5", lw=0.5)
-        row[0].set(xlabel="t", ylabel="alignment", title=f"beta = {beta:g}, {how}: alignments (dotted: t_exit)")
+        row[0].set(xlabel="t", ylabel="alignment", title=f"beta = {beta:g}, {refinement_name(att)} refinement: alignments (dotted: t_exit)")
         row[0].legend(fontsize=6, ncol=2)
         row[1].axvline(T_FIG4, color="0.5", lw=0.5)
         row[1].set(xlabel="t", ylabel="W2(rho_t, Pi#rho_0)", title="W2 to the limit measure")
