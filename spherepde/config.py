@@ -19,7 +19,7 @@ Sections (see ``docs/user_guide.md`` and ``docs/examples/*.toml``)::
     name = "..."  description = "..."              # optional, top level
     [grid]      type = "healpix" (nside, edge_points) | "tensor" (d, n)
                      | "adaptive" (nside_min, nside_max, edge_points, max_cells, refine, variation, attention,
-                       floor, coarsen, buffer, regrid_interval, attended)
+                       floor, coarsen, buffer, regrid_interval, attended, attended_floor)
     [model]     type = "zero_temperature" (B, V) | "attention" (B, V, beta, tol, method; beta = inf is
                      the zero-temperature limit)
                      | "prescribed_rotation" (axis, omega) | "prescribed_linear" (M)
@@ -78,7 +78,8 @@ MAX_KAPPA = 1e10
 GRID_TYPES = ("healpix", "tensor", "adaptive")
 #: The refinement keys of an adaptive [grid] -> the field of spherepde.grids.adaptive.Refinement.
 REFINEMENT_KEYS = {"variation": "variation", "attention": "attention", "floor": "floor", "coarsen": "coarsen",
-                   "buffer": "buffer", "regrid_interval": "interval", "attended": "attended"}
+                   "buffer": "buffer", "regrid_interval": "interval", "attended": "attended",
+                   "attended_floor": "attended_floor"}
 MODEL_TYPES = ("zero_temperature", "attention", "prescribed_rotation", "prescribed_linear", "feedforward",
                "multihead", "sum", "layers", "noise")
 #: The activations of a feed-forward term (spherepde.models.terms.ACTIVATIONS).
@@ -269,7 +270,8 @@ class GridConfig:
     (an error, naming it, when refinement would exceed it), ``refine`` (true; false keeps the
     ``nside_min`` cells all run), ``variation`` (0.25), ``attention`` (0.5), ``floor`` (1e-4), ``coarsen``
     (0.25), ``buffer`` (2 rings), ``regrid_interval`` (4 steps), ``attended`` (false: true counts the
-    attention a cell receives as well as its density), ``edge_points`` (6).
+    attention a cell receives as well as its density), ``attended_floor`` (= ``floor``: the attention
+    density, relative to max f, from which ``attended`` counts a cell), ``edge_points`` (6).
     """
 
     type: str = "healpix"
@@ -288,6 +290,7 @@ class GridConfig:
     buffer: int | None = None
     regrid_interval: int | None = None
     attended: bool | None = None
+    attended_floor: float | None = None
 
     @property
     def dim(self) -> int:
@@ -315,7 +318,7 @@ class GridConfig:
             kw["edge_points"] = _int(sec, "edge_points", w, minimum=1)
             kw["max_cells"] = _int(sec, "max_cells", w, minimum=12 * kw["nside_min"] ** 2)
             kw["refine"] = _bool(sec, "refine", w, True) if "refine" in sec else None
-            for key in ("variation", "attention", "floor"):
+            for key in ("variation", "attention", "floor", "attended_floor"):
                 kw[key] = _float(sec, key, w, lo=0.0, lo_open=key == "variation")
             kw["coarsen"] = _float(sec, "coarsen", w, lo=0.0, hi=1.0, hi_open=True)
             kw["buffer"] = _int(sec, "buffer", w, minimum=0)

@@ -619,6 +619,34 @@ def test_attended_refinement_keeps_the_tails_that_hold_the_field():
         Refinement(attended="yes")
 
 
+def test_attended_floor_keeps_a_tail_far_below_the_mass_floor():
+    """Refinement(attended_floor=...): the floor on sigma / max f alone. A tail of 1e-22 of the peak density
+    receives sigma of 4e-8 to 7e-6 of max f (5e-7 of the attention mass; the tails of Figure 4 before they
+    hold the field): the mass floor (1e-4, the default attended_floor) coarsens all of it, refines none;
+    attended_floor 1e-8 (below its least sigma) refines every coarse cell of it and coarsens none;
+    attended_floor 1e-6 (inside its range) keeps only the part above it. Without attended the new floor
+    changes nothing; a bad value is an error naming it."""
+    from spherepde.grids.adaptive import Refinement, attended_density
+
+    g, f, B, c, ys = _tail_state(1e-22)
+    tail = g.centers @ ys > 0.95
+    coarse = tail & (np.sqrt(g.areas) * 30.0 > 0.5)
+    r = attended_density(g, f, [(30.0, B)], 1e-4)[tail] / f.max()
+    assert 1e-8 < r.min() < 1e-7 and 1e-6 < r.max() < 1e-5  # the state is as said
+    ref, crs = Refinement(attended=True).flags(g, f, 30.0, [(30.0, B)])
+    assert not ref[tail].any() and crs[tail].all()
+    ref, crs = Refinement(attended=True, attended_floor=1e-8).flags(g, f, 30.0, [(30.0, B)])
+    assert coarse.sum() > 50 and ref[coarse].all() and not crs[tail].any()
+    ref, crs = Refinement(attended=True, attended_floor=1e-6).flags(g, f, 30.0, [(30.0, B)])
+    assert 0 < ref[coarse].sum() < coarse.sum() and 0 < crs[tail].sum() < tail.sum()
+    for a, b in zip(Refinement().flags(g, f, 30.0, [(30.0, B)]),
+                    Refinement(attended_floor=1e-8).flags(g, f, 30.0, [(30.0, B)])):
+        assert np.array_equal(a, b)
+    for bad, err in ((-1e-8, ValueError), (float("nan"), ValueError), (True, TypeError)):
+        with pytest.raises(err, match="Refinement.attended_floor"):
+            Refinement(attended=True, attended_floor=bad)
+
+
 def test_solver_hands_the_kernels_to_the_attended_refinement():
     """Through sp.solve: on the initial density (the refinement before the run) and at the regrids of a run
     (beta 30, paper matrices), the attended criterion refines the tail at y* to nside 16 and keeps it

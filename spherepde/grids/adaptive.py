@@ -298,6 +298,12 @@ class Refinement:
     attended : bool, default False
         Count the attention a cell receives as well as its density (above); the grid needs the model's
         attention kernels, which the solver hands to :meth:`AdaptiveHealpixGrid.regrid`.
+    attended_floor : float, optional
+        Relative to max f, the sigma from which a cell counts as significant under ``attended`` (default:
+        ``floor``). A tail's weight grows like exp(beta <x, B y>) long before it holds the field, and its
+        history is resolved only if it is refined while its sigma is far below the mass floor: at Figure 4's
+        beta = 30 the tails that later carry a third of the weight sit at sigma ~ 1e-8 to 1e-6 of max f at
+        t = 5-14 (``validation/fig4_concentration``, README "The attended refinement").
     """
 
     variation: float = 0.25
@@ -307,6 +313,7 @@ class Refinement:
     buffer: int = 2
     interval: int = 4
     attended: bool = False
+    attended_floor: float | None = None
 
     def __post_init__(self):
         for name in ("variation", "attention", "floor", "coarsen"):
@@ -318,6 +325,9 @@ class Refinement:
         if not isinstance(self.attended, (bool, np.bool_)):
             raise TypeError(f"Refinement.attended must be True or False, got {self.attended!r}")
         object.__setattr__(self, "attended", bool(self.attended))
+        if self.attended_floor is not None:
+            object.__setattr__(self, "attended_floor",
+                               finite_float(self.attended_floor, "Refinement.attended_floor", low=0.0))
 
     def flags(self, grid: "AdaptiveHealpixGrid", f, scale: float = 0.0, kernels=()):
         """(refine, coarsen) boolean arrays over the cells of ``grid`` for the density ``f``; ``kernels``:
@@ -335,8 +345,9 @@ class Refinement:
         holds = f >= floor
         if self.attended and kernels and fmax > 0 and not significant.all():
             sigma = attended_density(grid, f, kernels, self.floor)
-            holds |= sigma >= floor
-            significant |= np.maximum(sigma[grid.stencil].max(axis=1), sigma) >= floor
+            sfloor = (self.floor if self.attended_floor is None else self.attended_floor) * fmax
+            holds |= sigma >= sfloor
+            significant |= np.maximum(sigma[grid.stencil].max(axis=1), sigma) >= sfloor
         h = np.sqrt(grid.areas)
         att = h * scale
         refine = significant & (var > self.variation)

@@ -51,14 +51,18 @@ T_FIG4 = 20.0
 BAR = {"t_exit": 0.02, "t_EF": 0.02, "plateau_w2": 0.05}
 
 
-def refinement_name(attended: bool) -> str:
+def refinement_name(attended: bool, attended_floor: float | None = None) -> str:
     """How the report and the figure name a ladder's refinement."""
-    return "attended" if attended else "default"
+    if not attended:
+        return "default"
+    return "attended" if attended_floor is None else f"attended, sigma floor {attended_floor:g}"
 
 
-def spec(beta: float, nside_max: int, nside_min: int | None = None, attended: bool = False):
+def spec(beta: float, nside_max: int, nside_min: int | None = None, attended: bool = False,
+         attended_floor: float | None = None):
     """The sweep of one level (one member); ``nside_min`` other than NSIDE_MIN (the tails' resolution,
-    see the README) and the attended refinement (``Refinement(attended=True)``) get sweep names of their own."""
+    see the README), the attended refinement (``Refinement(attended=True)``) and its own floor for the
+    attention density (``attended_floor``, below the mass floor 1e-4) get sweep names of their own."""
     from spherepde.sweeps import parse_sweep
 
     nmin = NSIDE_MIN if nside_min is None else int(nside_min)
@@ -66,15 +70,18 @@ def spec(beta: float, nside_max: int, nside_min: int | None = None, attended: bo
     base["grid"] = {"type": "adaptive", "nside_min": nmin, "nside_max": int(nside_max)}
     if attended:
         base["grid"]["attended"] = True
+        if attended_floor is not None:
+            base["grid"]["attended_floor"] = float(attended_floor)
     base["initial"]["sample"] = "average"
     base["model"]["beta"] = float(beta)
     base["time"]["t_end"] = T_END
-    tag = ("" if nmin == NSIDE_MIN else f"_min{nmin}") + ("_att" if attended else "")
+    tag = (("" if nmin == NSIDE_MIN else f"_min{nmin}") + ("_att" if attended else "")
+           + (f"_af{attended_floor:g}" if attended and attended_floor is not None else ""))
     return parse_sweep({"sweep": {"name": f"fig4_adaptive_b{beta:g}_{nside_max}{tag}"}, "base": base}, base_dir=HERE)
 
 
 def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None = None,
-           attended: bool = False) -> dict | None:
+           attended: bool = False, attended_floor: float | None = None) -> dict | None:
     """The record of one level (None if it has not been run and ``run`` is false). The per-frame series
     (alignments, W2 to Pi#rho_0 of the initial measure, cells) and the run's scalars come from the sweep's
     dataset (``spherepde.sweeps.member_record``); the results file is read for the last state only."""
@@ -84,7 +91,8 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     from spherepde.diagnostics import exit_time, transition_time
     from validation.fig3_density.common import PAPER_B
 
-    sp_ = spec(beta, nside_max, nside_min, attended)
+    attended_floor = attended_floor if attended else None
+    sp_ = spec(beta, nside_max, nside_min, attended, attended_floor)
     out = RUNS / sp_.name
     if run:
         ds = sweep(sp_, out, workers=1, quiet=True, progress=False)
@@ -107,7 +115,7 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     t20 = t[in20]
     aE, aF = np.asarray(rows["align_E"]), np.asarray(rows["align_F"])
     rec = {"beta": beta, "nside_max": int(nside_max), "nside_min": sp_.members()[0].config.grid.nside_min,
-           "attended": bool(attended),
+           "attended": bool(attended), "attended_floor": attended_floor,
            "times": t.tolist(), **rows, "cells": cells,
            "t_exit": float(ds["t_exit"]), "t_EF": float(ds["t_EF"]),
            "t_exit_20": exit_time(t20, aE[in20]), "t_EF_20": transition_time(t20, aE[in20], aF[in20]),
@@ -177,7 +185,7 @@ def report(recs: list[dict]) -> str:
          "tails' attention share / mass at T | heaviest cell at T | cells at most / at T | steps | wall s | "
          "mass drift | min f |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(recs, key=key):
-        L.append(f"| {r['beta']:g} | {refinement_name(r.get('attended', False))} | "
+        L.append(f"| {r['beta']:g} | {refinement_name(*refinement_of(r))} | "
                  f"{r.get('nside_min', NSIDE_MIN)} | {r['nside_max']} | {f(r['t_exit'])} | "
                  f"{f(r['t_EF'])} | {f(r.get('t_F_01'))} | {r['plateau_w2']:.4f} ({r['argmin_w2']:.2f}) | "
                  f"{r['align_E'][-1]:.3f} / {r['align_F'][-1]:.3f} / {r['align_Fabs'][-1]:.3f} | "
@@ -189,10 +197,10 @@ def report(recs: list[dict]) -> str:
           "<= 5 % between the two finest), per ladder (nside_min 16; default or attended refinement):", "",
           "| beta | refinement | levels | t_exit | t_EF | plateau W2 | within the bar |",
           "|---|---|---|---|---|---|---|"]
-    for beta, att in sorted({(r["beta"], r.get("attended", False)) for r in recs}):
-        sel = [r for r in ladder(recs, att) if r["beta"] == beta]
+    for beta, ref in sorted({(r["beta"], refinement_of(r)) for r in recs}, key=lambda x: (x[0], _order(x[1]))):
+        sel = [r for r in ladder(recs, *ref) if r["beta"] == beta]
         for c in changes(sel):
-            L.append(f"| {beta:g} | {refinement_name(att)} | {c['levels'][0]} -> {c['levels'][1]} | "
+            L.append(f"| {beta:g} | {refinement_name(*ref)} | {c['levels'][0]} -> {c['levels'][1]} | "
                      + " | ".join("-" if c[q] is None else f"{100 * c[q]:.1f} %" for q in BAR)
                      + f" | {verdict(c)} |")
     return "\n".join(L) + "\n"
@@ -206,10 +214,10 @@ def figure(recs: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = sorted({(r["beta"], r.get("attended", False)) for r in recs})
+    panels = sorted({(r["beta"], refinement_of(r)) for r in recs}, key=lambda x: (x[0], _order(x[1])))
     fig, ax = plt.subplots(len(panels), 3, figsize=(15, 4.2 * len(panels)), squeeze=False)
-    for row, (beta, att) in zip(ax, panels):
-        sel = [r for r in recs if r["beta"] == beta and r.get("attended", False) == att]
+    for row, (beta, ref) in zip(ax, panels):
+        sel = [r for r in recs if r["beta"] == beta and refinement_of(r) == ref]
         shades = np.linspace(0.75, 0.0, len(sel))
         for r, sh in zip(sel, shades):
             t = np.asarray(r["times"])
@@ -222,7 +230,7 @@ def figure(recs: list[dict], path: Path) -> None:
             if r["t_exit"] is not None:
                 row[0].axvline(r["t_exit"], color=(sh, sh, 1.0), lw=0.6, ls=":")
         row[0].axhline(0.9, color="0.5", lw=0.5)
-        row[0].set(xlabel="t", ylabel="alignment", title=f"beta = {beta:g}, {refinement_name(att)} refinement: alignments (dotted: t_exit)")
+        row[0].set(xlabel="t", ylabel="alignment", title=f"beta = {beta:g}, {refinement_name(*ref)} refinement: alignments (dotted: t_exit)")
         row[0].legend(fontsize=6, ncol=2)
         row[1].axvline(T_FIG4, color="0.5", lw=0.5)
         row[1].set(xlabel="t", ylabel="W2(rho_t, Pi#rho_0)", title="W2 to the limit measure")
@@ -235,15 +243,26 @@ def figure(recs: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def refinement_of(rec: dict) -> tuple:
+    """(attended, attended_floor) of a record (records before the attended floor have neither or one)."""
+    att = bool(rec.get("attended", False))
+    return att, (rec.get("attended_floor") if att else None)
+
+
+def _order(ref: tuple) -> tuple:
+    return ref[0], -(ref[1] if ref[1] is not None else math.inf)
+
+
 def key(rec: dict) -> tuple:
-    return rec["beta"], rec.get("nside_min", NSIDE_MIN), rec.get("attended", False), rec["nside_max"]
+    return (rec["beta"], rec.get("nside_min", NSIDE_MIN), *_order(refinement_of(rec)), rec["nside_max"])
 
 
-def ladder(recs: list[dict], attended: bool = False) -> list[dict]:
+def ladder(recs: list[dict], attended: bool = False, attended_floor: float | None = None) -> list[dict]:
     """The ladder proper: the levels on the default coarsest cells, by beta and nside_max; ``attended``: the
-    ladder of the attended refinement (``Refinement(attended=True)``) instead of the default one."""
+    ladder of the attended refinement (``Refinement(attended=True)``) instead of the default one, with the
+    attention density's own floor ``attended_floor`` (None: the mass floor)."""
     return sorted((r for r in recs if r.get("nside_min", NSIDE_MIN) == NSIDE_MIN
-                   and r.get("attended", False) == attended), key=key)
+                   and refinement_of(r) == (attended, attended_floor if attended else None)), key=key)
 
 
 def main(argv=None):
@@ -254,6 +273,9 @@ def main(argv=None):
                     help="the coarsest cells (the tails' resolution; the ladder is the one at the default)")
     ap.add_argument("--attended", action="store_true",
                     help="refine with Refinement(attended=True): the tails that carry attention weight count as mass")
+    ap.add_argument("--attended-floor", type=float, default=None,
+                    help="with --attended: the attention density (relative to max f) from which a cell counts "
+                         "as significant (default: the mass floor 1e-4)")
     ap.add_argument("--report-only", action="store_true", help="only the levels already run")
     a = ap.parse_args(argv)
     old = {}
@@ -261,7 +283,8 @@ def main(argv=None):
         old = {key(r): r for r in json.loads((OUT / "adaptive.json").read_text())["rows"]}
     for beta in a.beta:
         for nmax in a.nside_max:
-            rec = member(beta, nmax, run=not a.report_only, nside_min=a.nside_min, attended=a.attended)
+            rec = member(beta, nmax, run=not a.report_only, nside_min=a.nside_min, attended=a.attended,
+                         attended_floor=a.attended_floor)
             if rec is not None:
                 old[key(rec)] = rec
                 print(f"beta {beta:g} nside_max {nmax}: t_exit {rec['t_exit']}, t_EF {rec['t_EF']}, "
@@ -271,7 +294,8 @@ def main(argv=None):
             (OUT / "adaptive.md").write_text(report(recs))
     recs = [old[k] for k in sorted(old)]
     if recs:
-        figure(ladder(recs) + ladder(recs, attended=True), OUT / "adaptive.png")
+        refs = sorted({refinement_of(r) for r in recs}, key=_order)
+        figure([r for ref in refs for r in ladder(recs, *ref)], OUT / "adaptive.png")
     print(report(recs))
 
 
