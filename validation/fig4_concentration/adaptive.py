@@ -49,6 +49,32 @@ T_END = 30.0
 T_FIG4 = 20.0
 #: The issue's bar between the two finest levels.
 BAR = {"t_exit": 0.02, "t_EF": 0.02, "plateau_w2": 0.05}
+#: The terminal phase's better-conditioned readings (README, "What t_EF rests on"): the departure from the
+#: stall cone, the time at which F's alignment reaches F_DEPART after the exit, and the slow drift that
+#: follows, the slope of align F - align E over DRIFT_WINDOW (least squares over the saved states).
+F_DEPART = 0.2
+DRIFT_WINDOW = (20.0, 28.0)
+
+
+def terminal(rec: dict) -> dict:
+    """t_depart (align F reaches F_DEPART after t_exit, linear between saved states; None if it does not
+    by T), drift (the slope of align F - align E over DRIFT_WINDOW) and the gap E - F one time unit after
+    t_depart, which the drift has to close: t_EF ~ t_depart + 1 + gap / drift, so an error in the gap moves
+    t_EF by 1 / drift (~40) times as much."""
+    t, E, F = (np.asarray(rec[k], float) for k in ("times", "align_E", "align_F"))
+    out = {"t_depart": None, "drift": None, "gap": None}
+    if rec.get("t_exit") is None:
+        return out
+    i = np.nonzero((F >= F_DEPART) & (t > rec["t_exit"]))[0]
+    if i.size and i[0] > 0:
+        j = int(i[0])
+        td = float(t[j - 1] + (F_DEPART - F[j - 1]) * (t[j] - t[j - 1]) / (F[j] - F[j - 1]))
+        out["t_depart"] = td
+        out["gap"] = float(np.interp(td + 1.0, t, E - F))
+    m = (t >= DRIFT_WINDOW[0] - 1e-9) & (t <= DRIFT_WINDOW[1] + 1e-9)
+    if m.sum() >= 2 and out["t_depart"] is not None and out["t_depart"] + 1.0 < DRIFT_WINDOW[0]:
+        out["drift"] = float(np.polyfit(t[m], (F - E)[m], 1)[0])
+    return out
 
 
 def refinement_name(attended: bool, attended_floor: float | None = None) -> str:
@@ -143,15 +169,19 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     return rec
 
 
-def changes(recs: list[dict]) -> list[dict]:
-    """Relative change of t_exit, t_EF and the plateau W2 between consecutive levels of one beta."""
+def changes(recs: list[dict], by: str = "nside_max") -> list[dict]:
+    """Relative change of t_exit, t_EF and the plateau W2 between consecutive levels of one beta (levels of
+    ``by``: nside_max, or nside_min for the tails' resolution at a fixed nside_max)."""
     out = []
     for a, b in zip(recs, recs[1:]):
-        row = {"beta": b["beta"], "levels": [a["nside_max"], b["nside_max"]]}
+        row = {"beta": b["beta"], "levels": [a.get(by, NSIDE_MIN), b.get(by, NSIDE_MIN)]}
         for q in BAR:
             x, y = a[q], b[q]
             row[q] = None if x is None or y is None else abs(y - x) / abs(y)
         row["t_EF_none_both"] = a["t_EF"] is None and b["t_EF"] is None
+        ta, tb = terminal(a), terminal(b)
+        for q in ("t_depart", "drift"):
+            row[q] = None if ta[q] is None or tb[q] is None else abs(tb[q] - ta[q]) / abs(tb[q])
         out.append(row)
     return out
 
@@ -194,15 +224,43 @@ def report(recs: list[dict]) -> str:
                  f"{r['max_cells']} / {r['cells_T']} | {r['steps']} | {r['wall_s']:.0f} | {r['mass_drift']:.1e} | "
                  f"{r['min_f']:.1e} |")
     L += ["", "Relative change between consecutive levels (the issue's bar: t_exit and t_EF <= 2 %, plateau W2 "
-          "<= 5 % between the two finest), per ladder (nside_min 16; default or attended refinement):", "",
-          "| beta | refinement | levels | t_exit | t_EF | plateau W2 | within the bar |",
-          "|---|---|---|---|---|---|---|"]
-    for beta, ref in sorted({(r["beta"], refinement_of(r)) for r in recs}, key=lambda x: (x[0], _order(x[1]))):
-        sel = [r for r in ladder(recs, *ref) if r["beta"] == beta]
-        for c in changes(sel):
-            L.append(f"| {beta:g} | {refinement_name(*ref)} | {c['levels'][0]} -> {c['levels'][1]} | "
+          "<= 5 % between the two finest), per ladder in nside_max (one per refinement and nside_min), then per "
+          "ladder in nside_min (the tails' resolution) at a fixed nside_max:", "",
+          "| beta | refinement | levels | t_exit | t_EF | plateau W2 | within the bar | t_depart | drift |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    groups = sorted({(r["beta"], refinement_of(r), r.get("nside_min", NSIDE_MIN)) for r in recs},
+                    key=lambda x: (x[0], _order(x[1]), x[2]))
+    cols = [(g, "nside_max", f"nside_min {g[2]}: nside_max ",
+             [r for r in ladder(recs, *g[1], nside_min=g[2]) if r["beta"] == g[0]]) for g in groups]
+    groups = sorted({(r["beta"], refinement_of(r), r["nside_max"]) for r in recs},
+                    key=lambda x: (x[0], _order(x[1]), x[2]))
+    cols += [(g, "nside_min", f"nside_max {g[2]}: nside_min ",
+              sorted((r for r in recs if r["beta"] == g[0] and refinement_of(r) == g[1] and r["nside_max"] == g[2]),
+                     key=lambda r: r.get("nside_min", NSIDE_MIN))) for g in groups]
+    for (beta, ref, _), by, lab, sel in cols:
+        for c in changes(sel, by):
+            L.append(f"| {beta:g} | {refinement_name(*ref)} | {lab}{c['levels'][0]} -> {c['levels'][1]} | "
                      + " | ".join("-" if c[q] is None else f"{100 * c[q]:.1f} %" for q in BAR)
-                     + f" | {verdict(c)} |")
+                     + f" | {verdict(c)} | "
+                     + " | ".join("-" if c[q] is None else f"{100 * c[q]:.1f} %" for q in ("t_depart", "drift"))
+                     + " |")
+    L += ["", f"The terminal phase's readings (README, \"What t_EF rests on\"): t_depart, the time at which the "
+          f"alignment with F reaches {F_DEPART:g} after the exit (the stall cone left; linear between saved states); "
+          f"the gap align E - align F one time unit later (the third state); the drift, the slope of "
+          f"align F - align E over t in [{DRIFT_WINDOW[0]:g}, {DRIFT_WINDOW[1]:g}]; t_EF - t_depart - 1 against "
+          "gap / drift, and 1 / drift, the time by which an error of 1 in the gap moves t_EF:", "",
+          "| beta | refinement | nside_min | nside_max | t_depart | gap | drift | t_EF - t_depart - 1 | gap / drift | "
+          "1 / drift |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(recs, key=key):
+        m = terminal(r)
+        if m["t_depart"] is None:
+            continue
+        span = "none" if r["t_EF"] is None else f"{r['t_EF'] - m['t_depart'] - 1.0:.2f}"
+        ratio = "-" if not m["drift"] else f"{m['gap'] / m['drift']:.2f}"
+        L.append(f"| {r['beta']:g} | {refinement_name(*refinement_of(r))} | {r.get('nside_min', NSIDE_MIN)} | "
+                 f"{r['nside_max']} | {m['t_depart']:.2f} | {m['gap']:.3f} | "
+                 + ("-" if m["drift"] is None else f"{m['drift']:.4f}") + f" | {span} | {ratio} | "
+                 + ("-" if not m["drift"] else f"{1.0 / m['drift']:.0f}") + " |")
     return "\n".join(L) + "\n"
 
 
@@ -230,7 +288,8 @@ def figure(recs: list[dict], path: Path) -> None:
             if r["t_exit"] is not None:
                 row[0].axvline(r["t_exit"], color=(sh, sh, 1.0), lw=0.6, ls=":")
         row[0].axhline(0.9, color="0.5", lw=0.5)
-        row[0].set(xlabel="t", ylabel="alignment", title=f"beta = {beta:g}, {refinement_name(*ref)} refinement: alignments (dotted: t_exit)")
+        row[0].set(xlabel="t", ylabel="alignment",
+                   title=f"beta = {beta:g}, {refinement_name(*ref)}: alignments (dotted: t_exit)")
         row[0].legend(fontsize=6, ncol=2)
         row[1].axvline(T_FIG4, color="0.5", lw=0.5)
         row[1].set(xlabel="t", ylabel="W2(rho_t, Pi#rho_0)", title="W2 to the limit measure")
@@ -238,6 +297,45 @@ def figure(recs: list[dict], path: Path) -> None:
         row[2].set(xlabel="t", ylabel="cells", title="cells of the adaptive grid")
         row[2].legend(fontsize=7)
     fig.suptitle(f"Figure 4, perturbed f0 (eps 0.05), on AdaptiveHealpixGrid({NSIDE_MIN}, nside_max)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def terminal_figure(recs: list[dict], path: Path) -> None:
+    """terminal.png: the terminal phase of every attended level at nside_max >= 128 (README, "What t_EF rests
+    on"): left, the alignments with E and F against t; right, align E - align F from the stall cone on, with
+    t_depart (dots) and t_EF (where the curve crosses 0): the gap one unit after the departure, and the slow
+    drift that has to close it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sel = sorted((r for r in recs if refinement_of(r) == (True, None) and r["nside_max"] >= 128),
+                 key=lambda r: (r.get("nside_min", NSIDE_MIN), r["nside_max"]))
+    if not sel:
+        return
+    fig, ax = plt.subplots(1, 2, figsize=(13, 4.6))
+    cmap = plt.get_cmap("tab10")
+    for c, r in enumerate(sel):
+        t = np.asarray(r["times"])
+        E, F = np.asarray(r["align_E"]), np.asarray(r["align_F"])
+        lab = f"{r.get('nside_min', NSIDE_MIN)} / {r['nside_max']}"
+        ax[0].plot(t, E, color=cmap(c), label=f"E, {lab}")
+        ax[0].plot(t, F, "--", color=cmap(c), label=f"F, {lab}")
+        m = terminal(r)
+        w = t >= 10.0
+        ax[1].plot(t[w], (E - F)[w], color=cmap(c), label=f"nside_min / max {lab}: t_EF "
+                   + ("none" if r["t_EF"] is None else f"{r['t_EF']:.2f}"))
+        if m["t_depart"] is not None:
+            ax[1].plot([m["t_depart"]], [np.interp(m["t_depart"], t, E - F)], "o", color=cmap(c), ms=4)
+    ax[0].set(xlabel="t", ylabel="alignment", title="attended refinement: align E (solid), F (dashed)")
+    ax[0].legend(fontsize=6, ncol=2)
+    ax[1].axhline(0.0, color="0.4", lw=0.6)
+    ax[1].set(xlabel="t", ylabel="align E - align F", ylim=(-0.3, 0.55),
+              title="E - F: departure (dots), gap, drift; t_EF where it crosses 0")
+    ax[1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -257,11 +355,12 @@ def key(rec: dict) -> tuple:
     return (rec["beta"], rec.get("nside_min", NSIDE_MIN), *_order(refinement_of(rec)), rec["nside_max"])
 
 
-def ladder(recs: list[dict], attended: bool = False, attended_floor: float | None = None) -> list[dict]:
-    """The ladder proper: the levels on the default coarsest cells, by beta and nside_max; ``attended``: the
-    ladder of the attended refinement (``Refinement(attended=True)``) instead of the default one, with the
-    attention density's own floor ``attended_floor`` (None: the mass floor)."""
-    return sorted((r for r in recs if r.get("nside_min", NSIDE_MIN) == NSIDE_MIN
+def ladder(recs: list[dict], attended: bool = False, attended_floor: float | None = None,
+           nside_min: int = NSIDE_MIN) -> list[dict]:
+    """The ladder proper: the levels on the default coarsest cells (or ``nside_min``), by beta and nside_max;
+    ``attended``: the ladder of the attended refinement (``Refinement(attended=True)``) instead of the default
+    one, with the attention density's own floor ``attended_floor`` (None: the mass floor)."""
+    return sorted((r for r in recs if r.get("nside_min", NSIDE_MIN) == nside_min
                    and refinement_of(r) == (attended, attended_floor if attended else None)), key=key)
 
 
@@ -296,6 +395,7 @@ def main(argv=None):
     if recs:
         refs = sorted({refinement_of(r) for r in recs}, key=_order)
         figure([r for ref in refs for r in ladder(recs, *ref)], OUT / "adaptive.png")
+        terminal_figure(recs, OUT / "terminal.png")
     print(report(recs))
 
 
