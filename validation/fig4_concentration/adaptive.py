@@ -15,14 +15,18 @@ min_t W2(rho_t, Pi#rho_0) over t <= 20 (Pi#rho_0 of the run's own initial cell m
 at T), steps, wall time and the largest relative mass drift over the steps (these from the sweep's dataset); the first time after the exit at which
 the alignment with F exceeds 0.1 (the stall cone is left), and at T the share of the attention weight at the
 heaviest cell that comes from the tails (cells below 1e-6 of its mass); and between consecutive levels of
-the ladder (nside_min 16) the relative changes that the issue's bar judges (t_exit and t_EF within 2 %,
-plateau W2 within 5 %). ``--nside-min`` runs a level with finer coarsest cells (where the tails live), beside
-the ladder; ``--attended`` runs the levels with ``Refinement(attended=True)`` (the tails that carry attention
-weight refined like mass), a ladder of its own.
+each ladder (in nside_max at one nside_min, and in nside_min at one nside_max) the relative changes that
+the issue's bar judges (t_exit and t_EF within 2 %, plateau W2 within 5 %), with those of the terminal
+phase's better-conditioned readings (``terminal``: the departure from the stall cone and the drift that
+follows; README, "What t_EF rests on"). ``--nside-min`` runs a level with finer coarsest cells (where the
+tails live), beside the ladder; ``--attended`` runs the levels with ``Refinement(attended=True)`` (the tails
+that carry attention weight refined like mass), a ladder of its own, and ``--attended-floor`` gives the
+attention density its own floor there.
 
 Usage: python validation/fig4_concentration/adaptive.py [--beta 30] [--nside-max 64 128 256] [--attended]
-(writes adaptive.md and adaptive.json beside this file; ``--report-only`` rebuilds them from the sweeps'
-directories without running anything new).
+[--attended-floor 1e-8] [--nside-min 32] (writes adaptive.md, adaptive.json, adaptive.png and terminal.png
+beside this file; ``--report-only`` rebuilds them from the sweeps' directories without running anything
+new).
 """
 from __future__ import annotations
 
