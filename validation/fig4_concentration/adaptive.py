@@ -232,22 +232,15 @@ def report(recs: list[dict]) -> str:
           "ladder in nside_min (the tails' resolution) at a fixed nside_max:", "",
           "| beta | refinement | levels | t_exit | t_EF | plateau W2 | within the bar | t_depart | drift |",
           "|---|---|---|---|---|---|---|---|---|"]
-    groups = sorted({(r["beta"], refinement_of(r), r.get("nside_min", NSIDE_MIN)) for r in recs},
-                    key=lambda x: (x[0], _order(x[1]), x[2]))
-    cols = [(g, "nside_max", f"nside_min {g[2]}: nside_max ",
-             [r for r in ladder(recs, *g[1], nside_min=g[2]) if r["beta"] == g[0]]) for g in groups]
-    groups = sorted({(r["beta"], refinement_of(r), r["nside_max"]) for r in recs},
-                    key=lambda x: (x[0], _order(x[1]), x[2]))
-    cols += [(g, "nside_min", f"nside_max {g[2]}: nside_min ",
-              sorted((r for r in recs if r["beta"] == g[0] and refinement_of(r) == g[1] and r["nside_max"] == g[2]),
-                     key=lambda r: r.get("nside_min", NSIDE_MIN))) for g in groups]
-    for (beta, ref, _), by, lab, sel in cols:
-        for c in changes(sel, by):
-            L.append(f"| {beta:g} | {refinement_name(*ref)} | {lab}{c['levels'][0]} -> {c['levels'][1]} | "
-                     + " | ".join("-" if c[q] is None else f"{100 * c[q]:.1f} %" for q in BAR)
-                     + f" | {verdict(c)} | "
-                     + " | ".join("-" if c[q] is None else f"{100 * c[q]:.1f} %" for q in ("t_depart", "drift"))
-                     + " |")
+    for by, fixed in (("nside_max", "nside_min"), ("nside_min", "nside_max")):
+        for (beta, ref, level), sel in ladders(recs, by).items():
+            for c in changes(sel, by):
+                L.append(f"| {beta:g} | {refinement_name(*ref)} | {fixed} {level}: {by} {c['levels'][0]} -> "
+                         f"{c['levels'][1]} | "
+                         + " | ".join("-" if c[q] is None else f"{100 * c[q]:.1f} %" for q in BAR)
+                         + f" | {verdict(c)} | "
+                         + " | ".join("-" if c[q] is None else f"{100 * c[q]:.1f} %" for q in ("t_depart", "drift"))
+                         + " |")
     L += ["", f"The terminal phase's readings (README, \"What t_EF rests on\"): t_depart, the time at which the "
           f"alignment with F reaches {F_DEPART:g} after the exit (the stall cone left; linear between saved states); "
           f"the gap align E - align F one time unit later (the third state); the drift, the slope of "
@@ -366,6 +359,17 @@ def ladder(recs: list[dict], attended: bool = False, attended_floor: float | Non
     one, with the attention density's own floor ``attended_floor`` (None: the mass floor)."""
     return sorted((r for r in recs if r.get("nside_min", NSIDE_MIN) == nside_min
                    and refinement_of(r) == (attended, attended_floor if attended else None)), key=key)
+
+
+def ladders(recs: list[dict], by: str) -> dict:
+    """Every ladder in ``by`` (nside_max, or nside_min: the tails' resolution) with the other kept fixed:
+    {(beta, refinement_of, the fixed level): its records by ``by``}, by beta, refinement and fixed level."""
+    fixed = "nside_min" if by == "nside_max" else "nside_max"
+    out = {}
+    for r in recs:
+        out.setdefault((r["beta"], refinement_of(r), r.get(fixed, NSIDE_MIN)), []).append(r)
+    return {g: sorted(out[g], key=lambda r: r.get(by, NSIDE_MIN))
+            for g in sorted(out, key=lambda g: (g[0], _order(g[1]), g[2]))}
 
 
 def main(argv=None):
