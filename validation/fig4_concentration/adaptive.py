@@ -287,6 +287,7 @@ def figure(recs: list[dict], path: Path) -> None:
         row[0].axhline(0.9, color="0.5", lw=0.5)
         row[0].set(xlabel="t", ylabel="alignment",
                    title=f"beta = {beta:g}, {refinement_name(*ref)}: alignments (dotted: t_exit)")
+        row[0].title.set_fontsize(10)
         row[0].legend(fontsize=6, ncol=2)
         row[1].axvline(T_FIG4, color="0.5", lw=0.5)
         row[1].set(xlabel="t", ylabel="W2(rho_t, Pi#rho_0)", title="W2 to the limit measure")
