@@ -306,7 +306,8 @@ def _merge(path: Path, res: dict, row: dict, wall: float) -> dict:
         rows = json.loads(path.read_text())["rows"] if path.exists() else []
         order = {n: i for i, n in enumerate(LEVELS + (UNIFORM,))}
         rows = sorted([r for r in rows if r["label"] != row["label"]] + [row],
-                      key=lambda r: (r["label"].startswith("uniform"), order.get(r["nside_max"], 0), r["nside_max"]))
+                      key=lambda r: (r["label"].startswith("uniform"), order.get(r["nside_max"], 0), r["nside_max"],
+                                     "quadratic" in r["label"]))  # a level's linear row first, whichever ran last
         res = dict(res, rows=rows, wall_total_s=sum(r["solver_wall_s"] for r in rows) if rows else wall)
         path.write_text(json.dumps(res, indent=1))
     return res
