@@ -89,10 +89,13 @@ def refinement_name(attended: bool, attended_floor: float | None = None) -> str:
 
 
 def spec(beta: float, nside_max: int, nside_min: int | None = None, attended: bool = False,
-         attended_floor: float | None = None):
+         attended_floor: float | None = None, f0: str = "perturbed"):
     """The sweep of one level (one member); ``nside_min`` other than NSIDE_MIN (the tails' resolution,
     see the README), the attended refinement (``Refinement(attended=True)``) and its own floor for the
-    attention density (``attended_floor``, below the mass floor 1e-4) get sweep names of their own."""
+    attention density (``attended_floor``, below the mass floor 1e-4) get sweep names of their own, and so
+    does the uniform f0 (``f0="uniform"``, adaptive_uniform.py) instead of the study's perturbed one."""
+    if f0 not in ("perturbed", "uniform"):
+        raise ValueError(f"f0 must be 'perturbed' or 'uniform', got {f0!r}")
     from spherepde.sweeps import parse_sweep
 
     nmin = NSIDE_MIN if nside_min is None else int(nside_min)
@@ -103,15 +106,18 @@ def spec(beta: float, nside_max: int, nside_min: int | None = None, attended: bo
         if attended_floor is not None:
             base["grid"]["attended_floor"] = float(attended_floor)
     base["initial"]["sample"] = "average"
+    if f0 == "uniform":
+        base["initial"] = {"type": "uniform"}
     base["model"]["beta"] = float(beta)
     base["time"]["t_end"] = T_END
     tag = (("" if nmin == NSIDE_MIN else f"_min{nmin}") + ("_att" if attended else "")
-           + (f"_af{attended_floor:g}" if attended and attended_floor is not None else ""))
+           + (f"_af{attended_floor:g}" if attended and attended_floor is not None else "")
+           + ("_uniform" if f0 == "uniform" else ""))
     return parse_sweep({"sweep": {"name": f"fig4_adaptive_b{beta:g}_{nside_max}{tag}"}, "base": base}, base_dir=HERE)
 
 
 def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None = None,
-           attended: bool = False, attended_floor: float | None = None) -> dict | None:
+           attended: bool = False, attended_floor: float | None = None, f0: str = "perturbed") -> dict | None:
     """The record of one level (None if it has not been run and ``run`` is false). The per-frame series
     (alignments, W2 to Pi#rho_0 of the initial measure, cells) and the run's scalars come from the sweep's
     dataset (``spherepde.sweeps.member_record``); the results file is read for the last state only."""
@@ -122,7 +128,7 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     from validation.fig3_density.common import PAPER_B
 
     attended_floor = attended_floor if attended else None
-    sp_ = spec(beta, nside_max, nside_min, attended, attended_floor)
+    sp_ = spec(beta, nside_max, nside_min, attended, attended_floor, f0)
     out = RUNS / sp_.name
     if run:
         ds = sweep(sp_, out, workers=1, quiet=True, progress=False)
@@ -144,7 +150,7 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     in20 = t <= T_FIG4 + 1e-9
     t20 = t[in20]
     aE, aF = np.asarray(rows["align_E"]), np.asarray(rows["align_F"])
-    rec = {"beta": beta, "nside_max": int(nside_max), "nside_min": sp_.members()[0].config.grid.nside_min,
+    rec = {"beta": beta, "f0": f0, "nside_max": int(nside_max), "nside_min": sp_.members()[0].config.grid.nside_min,
            "attended": bool(attended), "attended_floor": attended_floor,
            "times": t.tolist(), **rows, "cells": cells,
            "t_exit": float(ds["t_exit"]), "t_EF": float(ds["t_EF"]),

@@ -24,8 +24,9 @@ Writes results.md, results.json, curves.png, transition.png, minw2.png and ladde
 ladder.csv (issue #17 item 1, read by external checks): the columns beta, f0, eps, nside_max, t_exit, t_EF,
 plateau_w2, max_cells, wall_s; a time that does not occur by T = 20 is empty; plateau_w2 is
 min_{t <= 20} W2(rho_t, Pi#rho_0). One ladder per setting (beta, f0): where adaptive.py has run one
-(adaptive.json: perturbed f0 on AdaptiveHealpixGrid(16, nside_max), runs to T = 30 whose times and plateau
-are taken over t <= 20, max_cells the most cells the run held, wall_s the whole run's), its rows; else the
+(adaptive.json: perturbed f0 on AdaptiveHealpixGrid(16, nside_max); adaptive_uniform.json: the uniform f0
+at beta 30 on the same grids; runs to T = 30 whose times and plateau are taken over t <= 20, max_cells the
+most cells the run held, wall_s the whole run's), its rows; else the
 study's runs to T = 20 on uniform HEALPix grids (nside_max the grid's nside, max_cells its 12 nside^2 cells).
 ``ladder_status`` below gives the relative change between the two finest uniform levels of each setting,
 adaptive.md that between the adaptive levels.
@@ -74,17 +75,18 @@ def ladder_rows(recs, adaptive=()) -> list[dict]:
     def opt(x):
         return "" if x is None or not np.isfinite(x) else f"{x:.6g}"
 
-    on_adaptive = {bkey(float(a["beta"])) for a in adaptive}
+    on_adaptive = {(a.get("f0", "perturbed"), bkey(float(a["beta"]))) for a in adaptive}
     rows = []
     for r in recs:
-        if r["f0"] == "perturbed" and r["beta"] in on_adaptive:
+        if (r["f0"], r["beta"]) in on_adaptive:
             continue
         rows.append({"beta": "inf" if r["beta"] == "inf" else f"{bnum(r['beta']):g}", "f0": r["f0"],
                      "eps": f"{EPS if r['f0'] == 'perturbed' else 0.0:g}", "nside_max": str(r["nside"]),
                      "t_exit": opt(r["t_exit"]), "t_EF": opt(r["t_EF"]), "plateau_w2": opt(r["min_W2"]),
                      "max_cells": str(12 * r["nside"] ** 2), "wall_s": f"{r['wall_s']:.1f}"})
     for a in adaptive:
-        rows.append({"beta": f"{float(a['beta']):g}", "f0": "perturbed", "eps": f"{EPS:g}",
+        f0 = a.get("f0", "perturbed")
+        rows.append({"beta": f"{float(a['beta']):g}", "f0": f0, "eps": f"{EPS if f0 == 'perturbed' else 0.0:g}",
                      "nside_max": str(a["nside_max"]), "t_exit": opt(a["t_exit_20"]), "t_EF": opt(a["t_EF_20"]),
                      "plateau_w2": opt(a["plateau_w2"]), "max_cells": str(a["max_cells"]),
                      "wall_s": f"{a['wall_s']:.1f}"})
@@ -93,12 +95,16 @@ def ladder_rows(recs, adaptive=()) -> list[dict]:
 
 
 def adaptive_rows() -> list[dict]:
-    """The adaptive ladders of adaptive.py (adaptive.json: its levels on the default coarsest cells, not the
-    runs that vary them), [] where none has been run."""
+    """The adaptive ladders: adaptive.py's of the perturbed f0 (adaptive.json: its levels on the default
+    coarsest cells, not the runs that vary them) and adaptive_uniform.py's of the uniform f0
+    (adaptive_uniform.json, its records marked f0 "uniform"); [] where none has been run."""
     from validation.fig4_concentration.adaptive import ladder
 
-    p = HERE / "adaptive.json"
-    return ladder(json.loads(p.read_text())["rows"]) if p.exists() else []
+    p, u = HERE / "adaptive.json", HERE / "adaptive_uniform.json"
+    out = ladder(json.loads(p.read_text())["rows"]) if p.exists() else []
+    if u.exists():
+        out += [dict(r, f0="uniform") for r in json.loads(u.read_text())["records"]]
+    return out
 
 
 def write_ladder(recs, path: Path, adaptive=()) -> None:
