@@ -10,7 +10,7 @@ a change of the stepping can be seen not to move them. ``--compare ROOT`` adds t
 (finished) under another root of sweep directories, e.g. the study's own
 ``validation/fig4_concentration/sweep_runs``, run with an earlier code; nothing is run there.
 
-Usage: python validation/time_accuracy/fig4_steps.py [--levels 64:att:16 128:att:16 64:default:16]
+Usage: python validation/time_accuracy/fig4_steps.py [--levels 64:att:16 128:att:16 64:default:16 512:att:16]
 [--compare ROOT]   (writes fig4_steps.md and fig4_steps.json beside this file)
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "validation" / "fig4_concentration"))
 
-LEVELS = ["64:att:16", "128:att:16", "64:default:16"]
+LEVELS = ["64:att:16", "128:att:16", "64:default:16", "512:att:16"]
 
 
 def step_stats(sweep_dir: Path) -> dict:
