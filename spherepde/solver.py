@@ -70,12 +70,13 @@ class Options:
         SSP Runge-Kutta scheme (:mod:`spherepde.steppers`). "auto": SSP-RK(4,3), or SSP-RK3 for a model
         with noise (see below). Third order with a second-order embedded
         estimate is the default because under error control it takes CFL-size steps where SSP-RK2, whose
-        embedded Euler estimate is only first order, takes 5-25 times more (measured on the paper's run
-        at nside 16: 7802 SSP-RK2 steps against 1230 fixed CFL steps; see ``validation/time_accuracy``).
+        embedded Euler estimate is only first order, takes 5-8 times more (measured on the paper's run
+        at nside 16: 6940 and 12980 SSP-RK2 steps against 1253 and 1564 fixed CFL steps, uniform and
+        perturbed f0; see ``validation/time_accuracy``).
         Of the two third-order schemes, SSP-RK(4,3) has SSP coefficient 2: its step may be twice the CFL
         step at the same Courant number per stage, so where the CFL limit sets the step (most runs) it
         takes half SSP-RK3's steps at 4/3 the stages each, 2/3 of the work (measured: the paper's run
-        at nside 16, 818 steps against 1577, L1 distance to the reference 2.2e-4 against 4.6e-4; test
+        at nside 16, perturbed f0, 815 steps against 1567, L1 distance to the reference 2.8e-4 against 4.4e-4; test
         case 1 at 115k cells, 980 steps against 1960, l2 within 2 %, 0.58-0.65x the wall time).
         With noise the Strang splitting error, which the embedded estimate does not see, grows as dt^2:
         there "auto" keeps SSP-RK3's shorter steps (measured: the Gibbs-state error at nside 16 is
