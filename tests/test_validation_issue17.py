@@ -419,12 +419,12 @@ def test_fig4_uniform_f0_on_adaptive_grids_on_disk():
     import numpy as np
 
     mod = C.load_study("fig4_concentration")
-    sys.path.insert(0, str(C.VALID / "fig4_concentration"))
     from validation.fig4_concentration import adaptive_uniform as U
 
     d = json.loads((C.VALID / "fig4_concentration" / "adaptive_uniform.json").read_text())
     recs, rows = d["records"], d["rows"]
     assert [r["nside_max"] for r in recs] == sorted(r["nside_max"] for r in recs) and len(recs) >= 3
+    assert all(r["f0"] == "uniform" for r in recs)  # adaptive_rows hands them to ladder.csv as they are
     assert json.loads(json.dumps([U.readings(r) for r in recs])) == rows
     for r, row in zip(recs, rows):
         t, W = np.asarray(r["times"]), np.asarray(r["W2"])

@@ -97,13 +97,13 @@ def ladder_rows(recs, adaptive=()) -> list[dict]:
 def adaptive_rows() -> list[dict]:
     """The adaptive ladders: adaptive.py's of the perturbed f0 (adaptive.json: its levels on the default
     coarsest cells, not the runs that vary them) and adaptive_uniform.py's of the uniform f0
-    (adaptive_uniform.json, its records marked f0 "uniform"); [] where none has been run."""
+    (adaptive_uniform.json, whose records carry f0 "uniform"); [] where none has been run."""
     from validation.fig4_concentration.adaptive import ladder
 
     p, u = HERE / "adaptive.json", HERE / "adaptive_uniform.json"
     out = ladder(json.loads(p.read_text())["rows"]) if p.exists() else []
     if u.exists():
-        out += [dict(r, f0="uniform") for r in json.loads(u.read_text())["records"]]
+        out += json.loads(u.read_text())["records"]
     return out
 
 

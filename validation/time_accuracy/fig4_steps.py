@@ -87,9 +87,10 @@ def main(argv=None):
     rows = [run_level(s) for s in a.levels]
     if a.compare:
         rows += [r for r in (run_level(s, a.compare) for s in a.levels) if r is not None]
+    md = write_md(rows)
     (HERE / "fig4_steps.json").write_text(json.dumps(rows, indent=1))
-    (HERE / "fig4_steps.md").write_text(write_md(rows))
-    print(write_md(rows))
+    (HERE / "fig4_steps.md").write_text(md)
+    print(md)
     return 0
 
 
