@@ -583,6 +583,11 @@ TREE_PMAX = {2: 24, 3: 16}
 TREE_DIRECT_RATE = 3.5e8
 TREE_TERM_RATE = 2e9
 TREE_SETUP = 1.5e-6
+#: The degree tables by slack (kernels.tree.traverse): rows a factor e^TREE_SLACK_STEP = 100 apart in the
+#: pair's allowed relative error, up to TREE_PAIR_EPS_MAX (a pair 1e12 below its share of the sums).
+TREE_SLACK_STEP = math.log(100.0)
+TREE_SLACK_ROWS = 8
+TREE_PAIR_EPS_MAX = 1e-2
 #: The guaranteed method's cost below which "auto" does not plan the tree (seconds), and the problem size
 #: (kernel pairs) below which it never does.
 TREE_MIN_SECONDS = 0.05
@@ -680,15 +685,21 @@ class _TreeSetup:
         self.pmax = TREE_PMAX[d]
         par, ax, inv, nmono = _tree_tables(d, self.pmax)
         self.par, self.ax, self.inv, self.nmono = par, ax, inv, nmono
-        self.rho_max = _tree_rho_max(self.eta_e, d, self.pmax, nmono) if self.ok else np.full(self.pmax + 1, -1.0)
-        self.log_prune = (math.log(self.eta_p) if self.ok else -math.inf) - float(np.log(self.ws.sum()))
+        # degree tables by slack (kernels.tree.traverse): row j serves pairs whose mass bound lies exp(j
+        # TREE_SLACK_STEP) below their share of the targets' sums, at the pair error eta_e / 2 exp(j step);
+        # the pairs of row 0 and the others take eta_e / 2 each
+        self.rho_max = (np.array([_tree_rho_max(min(0.5 * self.eta_e * math.exp(j * TREE_SLACK_STEP), TREE_PAIR_EPS_MAX),
+                                                d, self.pmax, nmono) for j in range(TREE_SLACK_ROWS)])
+                        if self.ok else np.full((1, self.pmax + 1), -1.0))
+        self.log_w = float(np.log(self.ws.sum()))
+        self.log_prune = (math.log(self.eta_p) if self.ok else -math.inf) - self.log_w
         self.plan = None
 
     def _plan(self):
         if self.plan is None:
             self.plan = _tree_kernels.traverse(self.tdepth, self.tstart, self.tend, self.tc, self.tr, self.lbmin, self.sdepth,
                                     self.sstart, self.send, self.sc, self.sr, self.slogw, self.log_prune,
-                                    self.rho_max, self.nmono)
+                                    self.log_w, self.rho_max, TREE_SLACK_STEP, self.nmono)
         return self.plan
 
     @property

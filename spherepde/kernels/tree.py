@@ -188,7 +188,8 @@ def _split_cost(k, start, end, rad, first_leaf, n_other, r_other, other_leaf, rh
 
 
 @nb.njit(cache=True)
-def traverse(tdepth, tstart, tend, tc, tr, lbmin, sdepth, sstart, send, sc, sr, slogw, log_prune, rho_max, nmono):
+def traverse(tdepth, tstart, tend, tc, tr, lbmin, sdepth, sstart, send, sc, sr, slogw, log_prune, log_w, rho_max,
+             log_step, nmono):
     """The dual-tree traversal from the pair of roots (serial: it only decides). Returns the expansions
     (T, S, p), the leaf pairs to sum directly (T, S), and the stats (target-source products summed
     directly, expansion terms (sources + targets) x monomials, pairs pruned, pairs expanded).
@@ -198,9 +199,16 @@ def traverse(tdepth, tstart, tend, tc, tr, lbmin, sdepth, sstart, send, sc, sr, 
     where that costs less than the direct sums and less than splitting either node once (its two
     children's pairs expanded, or summed directly at leaves: a one-level look-ahead, since a split lowers
     the degree); summed directly at two leaves; else the node whose radius loosens the bound more is
-    split."""
+    split.
+
+    The degree tables by slack: ``rho_max[j, p]`` is the radius of degree p for the pair relative error
+    eps_j = eps_0 exp(j ``log_step``). A pair whose mass bound W_S exp(up) lies below (W_S / W) exp(lbmin)
+    by the factor exp(slack) (slack = lbmin - up - ``log_w``) may use the row j = floor(slack / log_step)
+    (capped at the last): its error eps_j (its sums) <= eps_0 (W_S / W) D_i. Summed over a partition of the
+    sources that is <= eps_0 D_i, and the pairs at row 0 add <= eps_0 D_i more: 2 eps_0 in all (the
+    setup's budget). Light pairs (far below the targets' sums) are so expanded at lower degrees."""
     d = tc.shape[1]
-    pmax = rho_max.shape[0] - 1
+    nrow = rho_max.shape[0]
     tfirst_leaf = (1 << tdepth) - 1
     sfirst_leaf = (1 << sdepth) - 1
     stackT = np.empty(4 * (tdepth + sdepth + 4), dtype=np.int64)
@@ -233,19 +241,24 @@ def traverse(tdepth, tstart, tend, tc, tr, lbmin, sdepth, sstart, send, sc, sr, 
         tleaf = T >= tfirst_leaf
         sleaf = S >= sfirst_leaf
         direct_cost = nT * nS
-        exp_cost = _exp_cost(nT, nS, tr[T] * sr[S], rho_max, nmono)
+        slack = lbmin[T] - up - log_w
+        row = 0
+        if slack >= log_step:
+            row = min(nrow - 1, int(slack / log_step))
+        rm = rho_max[row]
+        exp_cost = _exp_cost(nT, nS, tr[T] * sr[S], rm, nmono)
         if exp_cost < direct_cost:
             # one level of look-ahead: expand now unless splitting one side (its children expanded, or
             # summed directly where cheaper) is expected to cost less
             split = np.inf
             if not sleaf:
-                split = _split_cost(S, sstart, send, sr, sfirst_leaf, nT, tr[T], tleaf, rho_max, nmono)
+                split = _split_cost(S, sstart, send, sr, sfirst_leaf, nT, tr[T], tleaf, rm, nmono)
             if not tleaf:
-                split = min(split, _split_cost(T, tstart, tend, tr, tfirst_leaf, nS, sr[S], sleaf, rho_max, nmono))
+                split = min(split, _split_cost(T, tstart, tend, tr, tfirst_leaf, nS, sr[S], sleaf, rm, nmono))
             if exp_cost <= split:
                 p = 0
                 rho = tr[T] * sr[S]
-                while rho > rho_max[p]:
+                while rho > rm[p]:
                     p += 1
                 if ne == eT.shape[0]:
                     eT = _grow(eT, ne + 1)
@@ -362,23 +375,32 @@ def evaluate(tdepth, tstart, tend, UtT, shift, tc, sr, sc, eptr, eS, eP, off, A,
         for ii in range(n):
             sh[ii] = shift[i0 + ii]
         T = leaf
+        nu = 0.0
         while True:
-            for e in range(eptr[T], eptr[T + 1]):
-                S, p = eS[e], eP[e]
-                P = nmono[p]
-                o = off[e]
-                s_shift = _norm(tc, T, d) * sr[S]
-                for ii in range(n):
-                    t = 0.0
-                    for q in range(d):
+            e0, e1 = eptr[T], eptr[T + 1]
+            if e1 > e0:
+                # the targets' monomials du^a once per node, to the highest degree of its expansions
+                Pn = 1
+                for e in range(e0, e1):
+                    Pn = max(Pn, nmono[eP[e]])
+                for q in range(d):
+                    for ii in range(n):
                         du[q, ii] = u[q, ii] - tc[T, q]
-                        t += u[q, ii] * sc[S, q]
-                    fac[ii] = fexp_ftz(t + s_shift - sh[ii])
+                for ii in range(n):
                     mono[0, ii] = 1.0
-                for a in range(1, P):
+                for a in range(1, Pn):
                     pa, k = par[a], ax[a]
                     for ii in range(n):
                         mono[a, ii] = mono[pa, ii] * du[k, ii]
+                nu = _norm(tc, T, d)
+            for e in range(e0, e1):
+                S, p = eS[e], eP[e]
+                P = nmono[p]
+                o = off[e]
+                s_shift = nu * sr[S]
+                c0, c1, c2 = sc[S, 0], sc[S, 1], (sc[S, 2] if d > 2 else 0.0)
+                for ii in range(n):
+                    fac[ii] = fexp_ftz(u[0, ii] * c0 + u[1, ii] * c1 + u[2, ii] * c2 + s_shift - sh[ii])
                 for k in range(4):
                     for ii in range(n):
                         tmp[k, ii] = 0.0
