@@ -669,7 +669,8 @@ class _TreeSetup:
         # each target's exponent shift: its leaf's lower bound of log D_i
         self.shift = np.repeat(lb, self.tend[tl0:] - self.tstart[tl0:])
         # the error budget: (1 + sqrt 3) (eta + 64 eps) <= 0.9 tol in _accept, eta the relative error of the
-        # sums: expansions (eta_e per pair, relative to the pair's sums), pruning (eta_p), and rounding: an
+        # sums: expansions (eta_e: eta_e / 2 of each pair's sums, or of its share of D_i where it is light, see
+        # kernels.tree.traverse), pruning (eta_p), and rounding: an
         # exponent <u, y> - shift (a d-term dot product of size <= kappa, then a difference) is off by
         # <= (3 kappa + |<u, y> - shift|) eps; the terms that count have <u, y> - shift between -64 (below,
         # e^-64 of D) and the leaves' gap (the largest exponent bound above the shift); fexp_ftz adds
