@@ -124,8 +124,8 @@ def test_transition_law_other_beta_is_its_own_sweep():
 def test_fig4_ladder_csv_is_the_contract_and_matches_the_runs(tmp_path):
     """validation/fig4_concentration/ladder.csv (issue #17 item 1), read as external checks read it (pandas
     and the csv module): exactly the issue's columns in its order; one ladder per setting: the adaptive
-    ladder of adaptive.json for the perturbed f0 at beta 30 and that of adaptive_uniform.json for the uniform
-    f0 at beta 30 (values over t <= 20, as their records give them), the study's uniform-grid runs to T = 20
+    ladder of adaptive.json for the perturbed f0 at beta 30 and those of adaptive_uniform.json for the uniform
+    f0 at beta 30 and 100 (values over t <= 20, as their records give them), the study's uniform-grid runs to T = 20
     (results.json) for every other setting; empty (NaN) where a time does
     not occur by T, each value equal to its run's; the file on disk is what the study writes now (not
     stale); eps is the amplitude the sweeps' base config gives the perturbed f0; the uniform ladders'
@@ -143,22 +143,24 @@ def test_fig4_ladder_csv_is_the_contract_and_matches_the_runs(tmp_path):
     here = C.VALID / "fig4_concentration"
     recs = json.loads((here / "results.json").read_text())["runs"]
     ada = mod.adaptive_rows()
-    assert {(a.get("f0", "perturbed"), a["beta"]) for a in ada} == {("perturbed", 30.0), ("uniform", 30.0)}
-    assert all(sum(a.get("f0", "perturbed") == f0 for a in ada) >= 3 for f0 in ("perturbed", "uniform"))
+    on_ada = {(a.get("f0", "perturbed"), a["beta"]) for a in ada}
+    assert on_ada == {("perturbed", 30.0), ("uniform", 30.0), ("uniform", 100.0)}
+    assert all(sum((a.get("f0", "perturbed"), a["beta"]) == k for a in ada) >= 3 for k in on_ada)
     with open(here / "ladder.csv", newline="") as fh:
         header = next(csv.reader(fh))
     assert tuple(header) == mod.LADDER_COLUMNS == ("beta", "f0", "eps", "nside_max", "t_exit", "t_EF",
                                                    "plateau_w2", "max_cells", "wall_s")
     df = pd.read_csv(here / "ladder.csv")
-    replaced = [r for r in recs if r["beta"] == "30"]  # both f0 at beta 30 have an adaptive ladder
-    assert len(replaced) == 7 and len(df) == len(recs) - len(replaced) + len(ada)
+    # both f0 at beta 30 and the uniform f0 at beta 100 have an adaptive ladder
+    replaced = [r for r in recs if r["beta"] == "30" or (r["beta"] == "100" and r["f0"] == "uniform")]
+    assert len(replaced) == 10 and len(df) == len(recs) - len(replaced) + len(ada)
     by_key = {(r["f0"], str(r["beta"]), r["nside"]): r for r in recs}
-    by_level = {(a.get("f0", "perturbed"), a["nside_max"]): a for a in ada}
+    by_level = {(a.get("f0", "perturbed"), f"{a['beta']:g}", a["nside_max"]): a for a in ada}
     n_ada = 0
     for row in df.itertuples():
         beta = "inf" if np.isinf(row.beta) else f"{row.beta:g}"
-        if beta == "30":
-            a = by_level[(row.f0, row.nside_max)]
+        if (row.f0, beta, row.nside_max) in by_level:
+            a = by_level[(row.f0, beta, row.nside_max)]
             n_ada += 1
             pairs = (("t_exit", a["t_exit_20"]), ("t_EF", a["t_EF_20"]), ("plateau_w2", a["plateau_w2"]))
             assert row.max_cells == a["max_cells"] <= 12 * row.nside_max ** 2 and abs(row.wall_s - a["wall_s"]) <= 0.05
@@ -408,12 +410,12 @@ def test_fig4_terminal_phase_on_disk_t_EF_is_ill_conditioned_t_depart_and_drift_
 
 
 def test_fig4_uniform_f0_on_adaptive_grids_on_disk():
-    """validation/fig4_concentration/adaptive_uniform.json (README, "The uniform f0 on adaptive grids"):
-    the rows are the readings of the stored records (recomputed here: not stale); on every level the density
-    stays on E (no t_exit by T = 30, align E >= 0.999 at T), mass is exact and f >= 0; the plateau is the
-    finest cell's, plateau / h equal on all levels to 1 % and halving with h (ratio 2 to 1 %: a plateau that
-    converged to a number would not halve); and the concentration times t(W2 <= w) meet the issue's 2 % bar
-    between the two finest levels (measured: 0.0-0.3 %)."""
+    """validation/fig4_concentration/adaptive_uniform.json (README, "The uniform f0 on adaptive grids"), one
+    ladder per beta (30 and 100): the rows are the readings of the stored records (recomputed here: not
+    stale); on every level the density stays on E (no t_exit by T = 30, align E >= 0.999 at T), mass is exact
+    and f >= 0; the plateau is the finest cell's, plateau / h equal on all levels of a ladder to 1 % and
+    halving with h (ratio 2 to 2 %: a plateau that converged to a number would not halve); and the
+    concentration times t(W2 <= w) meet the issue's 2 % bar between the two finest levels of each ladder."""
     import json
 
     import numpy as np
@@ -423,19 +425,22 @@ def test_fig4_uniform_f0_on_adaptive_grids_on_disk():
 
     d = json.loads((C.VALID / "fig4_concentration" / "adaptive_uniform.json").read_text())
     recs, rows = d["records"], d["rows"]
-    assert [r["nside_max"] for r in recs] == sorted(r["nside_max"] for r in recs) and len(recs) >= 3
+    assert sorted({r["beta"] for r in recs}) == d["betas"] and {30.0, 100.0} <= set(d["betas"])
     assert all(r["f0"] == "uniform" for r in recs)  # adaptive_rows hands them to ladder.csv as they are
     assert json.loads(json.dumps([U.readings(r) for r in recs])) == rows
-    for r, row in zip(recs, rows):
-        t, W = np.asarray(r["times"]), np.asarray(r["W2"])
-        assert r["t_exit"] is None and r["t_EF"] is None and r["align_E"][-1] >= 0.999
-        assert r["plateau_w2"] == W[t <= 20 + 1e-9].min() and r["mass_drift"] <= 1e-13 and r["min_f"] >= 0.0
-        assert row["plateau_over_h"] == r["plateau_w2"] / U.cell_size(r["nside_max"])
-    ph = [row["plateau_over_h"] for row in rows]
-    assert max(ph) / min(ph) < 1.01
-    for c in U.changes(rows):
-        assert abs(c["plateau_ratio"] - c["levels"][1] / c["levels"][0]) < 0.02 * c["plateau_ratio"]
-    last = U.changes(rows)[-1]
-    for w in U.W2_LEVELS:
-        assert last[f"t_w2_{w:g}"] is not None and last[f"t_w2_{w:g}"] <= U.BAR
+    for beta, rs in U.by_beta(rows):
+        rc = [r for r in recs if r["beta"] == beta]
+        assert [r["nside_max"] for r in rc] == [r["nside_max"] for r in rs] and len(rs) >= 3
+        for r, row in zip(rc, rs):
+            t, W = np.asarray(r["times"]), np.asarray(r["W2"])
+            assert r["t_exit"] is None and r["t_EF"] is None and r["align_E"][-1] >= 0.999
+            assert r["plateau_w2"] == W[t <= 20 + 1e-9].min() and r["mass_drift"] <= 1e-13 and r["min_f"] >= 0.0
+            assert row["plateau_over_h"] == r["plateau_w2"] / U.cell_size(r["nside_max"])
+        ph = [row["plateau_over_h"] for row in rs]
+        assert max(ph) / min(ph) < 1.01, (beta, ph)
+        for c in U.changes(rs):
+            assert abs(c["plateau_ratio"] - c["levels"][1] / c["levels"][0]) < 0.02 * c["plateau_ratio"]
+        last = U.changes(rs)[-1]
+        for w in U.W2_LEVELS:
+            assert last[f"t_w2_{w:g}"] is not None and last[f"t_w2_{w:g}"] <= U.BAR, (beta, w, last)
     assert mod.adaptive_rows()  # the ladder.csv test reads these rows too

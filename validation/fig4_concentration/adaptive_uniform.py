@@ -1,6 +1,6 @@
 """Figure 4's uniform f0 on a ladder of adaptive grids (issue #17 item 1: "uniform and perturbed f0").
 
-The uniform f0 (the study's other initial density) at beta 30 on ``AdaptiveHealpixGrid(16, nside_max)``
+The uniform f0 (the study's other initial density) at beta 30 and 100 on ``AdaptiveHealpixGrid(16, nside_max)``
 with the default ``Refinement()``, the study's base configuration, to T = 30: the same levels as
 adaptive.py's perturbed ladder (its ``member`` with ``f0="uniform"``: one sweep per level in sweep_runs/,
 not committed; a finished level is loaded, not rerun).
@@ -19,8 +19,9 @@ rate over each W2 octave (-d log W2 / dt between the times W2 halves), cells, st
 consecutive levels the relative changes of t(W2 <= w) against the issue's 2 % bar, and the plateaus'
 ratio (2 where the finest cell sets it).
 
-Usage: python validation/fig4_concentration/adaptive_uniform.py [--nside-max 64 128 256 512] [--report-only]
-(writes adaptive_uniform.md, adaptive_uniform.json and adaptive_uniform.png beside this file).
+Usage: python validation/fig4_concentration/adaptive_uniform.py [--beta 30 100] [--nside-max 64 128 256 512]
+[--report-only] (writes adaptive_uniform.md, adaptive_uniform.json and adaptive_uniform.png beside this file: one
+ladder per beta, each over the levels of it that have been run; a level not run at a beta is left out there).
 """
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-BETA = 30.0
-NSIDE_MAX = [64, 128, 256, 512]
+BETAS = [30.0, 100.0]
+#: The levels run by default, per beta (``--nside-max`` sets them for every beta).
+NSIDE_MAX = {30.0: [64, 128, 256, 512], 100.0: [64, 128, 256]}
 #: Concentration levels: the first time W2(rho_t, Pi#rho_0) falls to each (above every level's floor).
 W2_LEVELS = (0.2, 0.1, 0.05)
 BAR = 0.02
@@ -62,7 +64,7 @@ def readings(rec: dict) -> dict:
     """The uniform f0's readings of one level (see the module docstring)."""
     t, W = np.asarray(rec["times"], float), np.asarray(rec["W2"], float)
     h = cell_size(rec["nside_max"])
-    out = {"nside_max": rec["nside_max"], "h": h, "t_exit": rec["t_exit"], "align_E_T": rec["align_E"][-1],
+    out = {"beta": rec["beta"], "nside_max": rec["nside_max"], "h": h, "t_exit": rec["t_exit"], "align_E_T": rec["align_E"][-1],
            "min_align_E_after_2": float(np.min(np.asarray(rec["align_E"])[t >= 2.0])),
            "plateau_w2": rec["plateau_w2"], "plateau_over_h": rec["plateau_w2"] / h, "w2_T": float(W[-1]),
            "t_w2": {f"{w:g}": first_below(t, W, w) for w in W2_LEVELS}}
@@ -81,10 +83,12 @@ def readings(rec: dict) -> dict:
 
 
 def changes(rows: list[dict]) -> list[dict]:
-    """Between consecutive levels: the relative change of each t(W2 <= w) and the plateaus' ratio."""
+    """Between consecutive levels of one beta's ladder (``rows`` of one beta, by nside_max): the relative
+    change of each t(W2 <= w) and the plateaus' ratio."""
     out = []
     for a, b in zip(rows, rows[1:]):
-        c = {"levels": [a["nside_max"], b["nside_max"]], "plateau_ratio": a["plateau_w2"] / b["plateau_w2"]}
+        c = {"beta": a["beta"], "levels": [a["nside_max"], b["nside_max"]],
+             "plateau_ratio": a["plateau_w2"] / b["plateau_w2"]}
         for k in a["t_w2"]:
             x, y = a["t_w2"][k], b["t_w2"][k]
             c[f"t_w2_{k}"] = None if x is None or y is None else abs(y - x) / abs(y)
@@ -92,16 +96,28 @@ def changes(rows: list[dict]) -> list[dict]:
     return out
 
 
+def by_beta(items: list[dict]) -> list[tuple[float, list[dict]]]:
+    """(beta, its items by nside_max) for each beta of ``items`` (rows or records), betas ascending."""
+    return [(b, sorted((x for x in items if x["beta"] == b), key=lambda x: x["nside_max"]))
+            for b in sorted({x["beta"] for x in items})]
+
+
 def report(rows: list[dict], recs: list[dict]) -> str:
+    L = ["# Figure 4's uniform f0 on adaptive grids (validation/fig4_concentration/adaptive_uniform.py)", "",
+         "The uniform f0, AdaptiveHealpixGrid(16, nside_max) with the default Refinement(), the "
+         f"study's base configuration, to T = {recs[0]['times'][-1]:g}. h: the finest cell's angular size. The "
+         "plateau is min W2(rho_t, Pi#rho_0) over t <= 20; t(W2 <= w) the first time W2 falls to w (log-linear "
+         "between saved states, every 0.25)."]
+    for beta, rs in by_beta(rows):
+        L += ["", f"## beta {beta:g}", ""] + _ladder_report(rs)
+    return "\n".join(L) + "\n"
+
+
+def _ladder_report(rows: list[dict]) -> list[str]:
     def f(x, p=2):
         return "none" if x is None else f"{x:.{p}f}"
 
-    L = ["# Figure 4's uniform f0 on adaptive grids (validation/fig4_concentration/adaptive_uniform.py)", "",
-         f"beta {BETA:g}, the uniform f0, AdaptiveHealpixGrid(16, nside_max) with the default Refinement(), the "
-         f"study's base configuration, to T = {recs[0]['times'][-1]:g}. h: the finest cell's angular size. The "
-         "plateau is min W2(rho_t, Pi#rho_0) over t <= 20; t(W2 <= w) the first time W2 falls to w (log-linear "
-         "between saved states, every 0.25).", "",
-         "| nside_max | h | t_exit | align E at T (least after t = 2) | plateau W2 | plateau / h | W2 at T | "
+    L = ["| nside_max | h | t_exit | align E at T (least after t = 2) | plateau W2 | plateau / h | W2 at T | "
          + " | ".join(f"t(W2 <= {w:g})" for w in W2_LEVELS)
          + " | cells at most / at T | steps | wall s | mass drift | min f |",
          "|" + "---|" * (12 + len(W2_LEVELS))]
@@ -130,7 +146,7 @@ def report(rows: list[dict], recs: list[dict]) -> str:
         by = {round(x["from"], 9): x["rate"] for x in r["rates"]}
         L.append(f"| {r['nside_max']} | " + " | ".join(f"{by[round(w, 9)]:.3f}" if round(w, 9) in by else "-"
                                                       for w in octaves) + " |")
-    return "\n".join(L) + "\n"
+    return L
 
 
 def figure(recs: list[dict], path: Path) -> None:
@@ -141,7 +157,16 @@ def figure(recs: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 2, figsize=(12, 4.4))
+    ladders = by_beta(recs)
+    fig, axs = plt.subplots(len(ladders), 2, figsize=(12, 4.4 * len(ladders)), squeeze=False)
+    for ax, (beta, rs) in zip(axs, ladders):
+        _ladder_panels(ax, beta, rs)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _ladder_panels(ax, beta: float, recs: list[dict]) -> None:
     shades = np.linspace(0.7, 0.0, len(recs))
     for r, sh in zip(recs, shades):
         t, W = np.asarray(r["times"]), np.asarray(r["W2"])
@@ -151,33 +176,35 @@ def figure(recs: list[dict], path: Path) -> None:
         ax[0].axhline(h, color=c, lw=0.6, ls=":")
         ax[1].plot(t, W / h, color=c, label=f"nside_max {r['nside_max']}")
     ax[0].set(xlabel="t", ylabel="W2(rho_t, Pi#rho_0)", ylim=(1e-3, 1.5),
-              title=f"uniform f0, beta {BETA:g}: W2 (dotted: the finest cell h)")
+              title=f"uniform f0, beta {beta:g}: W2 (dotted: the finest cell h)")
     ax[0].legend(fontsize=7)
-    ax[1].set(xlabel="t", ylabel="W2 / h", ylim=(0, 3), title="W2 over the finest cell: the plateau is the grid's")
+    ax[1].set(xlabel="t", ylabel="W2 / h", ylim=(0, 3),
+              title=f"beta {beta:g}: W2 over the finest cell: the plateau is the grid's")
     ax[1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv=None):
     import adaptive as A  # noqa: E402  (beside this file)
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nside-max", type=int, nargs="+", default=NSIDE_MAX)
+    ap.add_argument("--beta", type=float, nargs="+", default=BETAS)
+    ap.add_argument("--nside-max", type=int, nargs="+", default=None)
     ap.add_argument("--report-only", action="store_true", help="only the levels already run")
     a = ap.parse_args(argv)
     recs = []
-    for nmax in a.nside_max:
-        rec = A.member(BETA, nmax, run=not a.report_only, f0="uniform")
-        if rec is not None:
-            recs.append(rec)
-            print(f"nside_max {nmax}: plateau {rec['plateau_w2']:.5f}, t_exit {rec['t_exit']}, "
-                  f"{rec['steps']} steps, {rec['wall_s']:.0f} s", flush=True)
+    for beta in a.beta:
+        for nmax in a.nside_max or NSIDE_MAX.get(beta, NSIDE_MAX[30.0]):
+            rec = A.member(beta, nmax, run=not a.report_only, f0="uniform")
+            if rec is not None:
+                recs.append(rec)
+                print(f"beta {beta:g}, nside_max {nmax}: plateau {rec['plateau_w2']:.5f}, t_exit {rec['t_exit']}, "
+                      f"{rec['steps']} steps, {rec['wall_s']:.0f} s", flush=True)
     if not recs:
         return 1
+    recs = [r for _, rs in by_beta(recs) for r in rs]
     rows = [readings(r) for r in recs]
-    (HERE / "adaptive_uniform.json").write_text(json.dumps({"beta": BETA, "rows": rows, "records": recs}))
+    (HERE / "adaptive_uniform.json").write_text(json.dumps({"betas": sorted({r["beta"] for r in recs}),
+                                                            "rows": rows, "records": recs}))
     (HERE / "adaptive_uniform.md").write_text(report(rows, recs))
     figure(recs, HERE / "adaptive_uniform.png")
     print(report(rows, recs))
