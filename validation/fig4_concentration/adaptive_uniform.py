@@ -192,9 +192,13 @@ def main(argv=None):
     ap.add_argument("--report-only", action="store_true", help="only the levels already run")
     a = ap.parse_args(argv)
     recs = []
-    for beta in a.beta:
-        for nmax in a.nside_max or NSIDE_MAX.get(beta, NSIDE_MAX[30.0]):
-            rec = A.member(beta, nmax, run=not a.report_only, f0="uniform")
+    # the betas asked for are run; the others' levels already on disk stay in the outputs (a run of one
+    # beta must not drop another's ladder from adaptive_uniform.json, which ladder.csv reads)
+    for beta in sorted(set(BETAS) | set(a.beta)):
+        default = NSIDE_MAX.get(beta, NSIDE_MAX[30.0])
+        to_run = set() if a.report_only or beta not in a.beta else set(a.nside_max or default)
+        for nmax in sorted(set(default) | set(a.nside_max or ()) | to_run):
+            rec = A.member(beta, nmax, run=nmax in to_run, f0="uniform")
             if rec is not None:
                 recs.append(rec)
                 print(f"beta {beta:g}, nside_max {nmax}: plateau {rec['plateau_w2']:.5f}, t_exit {rec['t_exit']}, "
