@@ -689,8 +689,9 @@ class _TreeSetup:
         # degree tables by slack (kernels.tree.traverse): row j serves pairs whose mass bound lies exp(j
         # TREE_SLACK_STEP) below their share of the targets' sums, at the pair error eta_e / 2 exp(j step);
         # the pairs of row 0 and the others take eta_e / 2 each
-        self.rho_max = (np.array([_tree_rho_max(min(0.5 * self.eta_e * math.exp(j * TREE_SLACK_STEP), TREE_PAIR_EPS_MAX),
-                                                d, self.pmax, nmono) for j in range(TREE_SLACK_ROWS)])
+        row_eps = [min(0.5 * self.eta_e * math.exp(j * TREE_SLACK_STEP), TREE_PAIR_EPS_MAX)
+                   for j in range(TREE_SLACK_ROWS)]
+        self.rho_max = (np.array([_tree_rho_max(e, d, self.pmax, nmono) for e in row_eps])
                         if self.ok else np.full((1, self.pmax + 1), -1.0))
         self.log_w = float(np.log(self.ws.sum()))
         self.log_prune = (math.log(self.eta_p) if self.ok else -math.inf) - self.log_w

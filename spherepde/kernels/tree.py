@@ -398,9 +398,9 @@ def evaluate(tdepth, tstart, tend, UtT, shift, tc, sr, sc, eptr, eS, eP, off, A,
                 P = nmono[p]
                 o = off[e]
                 s_shift = nu * sr[S]
-                c0, c1, c2 = sc[S, 0], sc[S, 1], (sc[S, 2] if d > 2 else 0.0)
+                cs0, cs1, cs2 = sc[S, 0], sc[S, 1], (sc[S, 2] if d > 2 else 0.0)  # the source node's centre
                 for ii in range(n):
-                    fac[ii] = fexp_ftz(u[0, ii] * c0 + u[1, ii] * c1 + u[2, ii] * c2 + s_shift - sh[ii])
+                    fac[ii] = fexp_ftz(u[0, ii] * cs0 + u[1, ii] * cs1 + u[2, ii] * cs2 + s_shift - sh[ii])
                 for k in range(4):
                     for ii in range(n):
                         tmp[k, ii] = 0.0

@@ -64,7 +64,8 @@ def readings(rec: dict) -> dict:
     """The uniform f0's readings of one level (see the module docstring)."""
     t, W = np.asarray(rec["times"], float), np.asarray(rec["W2"], float)
     h = cell_size(rec["nside_max"])
-    out = {"beta": rec["beta"], "nside_max": rec["nside_max"], "h": h, "t_exit": rec["t_exit"], "align_E_T": rec["align_E"][-1],
+    out = {"beta": rec["beta"], "nside_max": rec["nside_max"], "h": h, "t_exit": rec["t_exit"],
+           "align_E_T": rec["align_E"][-1],
            "min_align_E_after_2": float(np.min(np.asarray(rec["align_E"])[t >= 2.0])),
            "plateau_w2": rec["plateau_w2"], "plateau_over_h": rec["plateau_w2"] / h, "w2_T": float(W[-1]),
            "t_w2": {f"{w:g}": first_below(t, W, w) for w in W2_LEVELS}}
