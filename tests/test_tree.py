@@ -10,6 +10,7 @@ import spherepde as sp
 from spherepde import particles
 from spherepde.evaluation import REGISTRY, Targets, kernel_centres
 from spherepde.evaluation import methods as M
+from spherepde.kernels import tree as tree_kernels
 
 P = np.diag([-1.0, -1.0, 1.0])
 V = np.diag([-1.0, 1.0, -2.0])
@@ -107,20 +108,56 @@ def test_tree_keeps_a_light_cluster_that_dominates_by_its_exponent():
 
 @pytest.mark.parametrize("p", [2, 6, 10])
 def test_expansion_radius_meets_the_remainder_bound_and_is_not_vacuous(p):
-    """rho_max[p]: the Taylor polynomial of e^s of degree p at |s| = rho_max misses e^s by <= eta
-    (relative, the Lagrange bound); at 3 rho_max it misses by more than eta (so the radius is not
-    needlessly small: the bound is within a factor 3 of the truth in rho)."""
+    """rho_max[p]: the polynomial the moments carry (the truncated Chebyshev series of e^s on [-rho, rho],
+    from ``cheb_exp_coeffs``) misses e^s by <= eta relative, everywhere on [-rho, rho] (checked on 2001
+    points against math.exp; the misses are >= 1e-15, far above double rounding); with the radius 3
+    rho_max (and the series of that interval) it misses by more than eta, so the radius is not needlessly
+    small. And the radius is larger than the Taylor polynomial's (Lagrange bound): the series is what
+    lowers the degrees."""
     eta = 1e-12
-    _, _, _, nmono = M._tree_tables(3, 16)
-    rho = M._tree_rho_max(eta, 3, 16, nmono)[p]
+    Tm = M._tree_chebyshev(16)
+    rho = M._tree_rho_max(eta, 3, 16)[p]
     assert rho > 0
 
     def miss(r):
-        s = -r  # the worse side of the relative error
-        return abs(math.exp(s) - sum(s**k / math.factorial(k) for k in range(p + 1))) / math.exp(s)
+        g, gabs = np.empty(p + 1), np.empty(p + 1)
+        tree_kernels.cheb_exp_coeffs(r, p, Tm, g, gabs)
+        c = [g[k] / math.factorial(k) for k in range(p + 1)]
+        worst = 0.0
+        for s in np.linspace(-r, r, 2001):
+            q = 0.0
+            for ck in reversed(c):
+                q = q * s + ck
+            worst = max(worst, abs(math.exp(s) - q) / math.exp(s))
+        return worst
 
-    assert miss(rho) <= eta
+    assert 1e-15 < miss(rho) <= eta
     assert miss(3 * rho) > eta
+
+    def lagrange(r):
+        return r ** (p + 1) * math.exp(2 * r) / math.factorial(p + 1)
+
+    assert lagrange(rho) > eta  # the Taylor polynomial would need a smaller radius at this degree
+
+
+def test_chebyshev_weights_are_taylor_at_zero_radius_and_bounded_by_their_absolute_sums():
+    """g_k = k! c_k: at rho = 0 the series is the Taylor polynomial (g = 1 exactly); for rho > 0 the
+    weights differ from 1 by O(rho^2) (the series' first correction) and gabs >= |g|; the monomial sum
+    equals the Chebyshev sum I_0(rho) + 2 sum_m I_m(rho) T_m(s) at a few points (scipy's Bessel functions)."""
+    from scipy import special
+    Tm = M._tree_chebyshev(16)
+    g, gabs = np.empty(9), np.empty(9)
+    tree_kernels.cheb_exp_coeffs(0.0, 8, Tm, g, gabs)
+    assert np.all(g == 1.0)
+    for rho in (0.01, 0.5, 2.0):
+        tree_kernels.cheb_exp_coeffs(rho, 8, Tm, g, gabs)
+        assert np.all(gabs >= np.abs(g))
+        if rho == 0.01:
+            assert np.abs(g - 1.0).max() < rho**2
+        for s in (-1.0, -0.3, 0.7, 1.0):
+            mono = sum(g[k] / math.factorial(k) * (rho * s) ** k for k in range(9))
+            cheb = special.iv(0, rho) + 2 * sum(special.iv(m, rho) * math.cos(m * math.acos(s)) for m in range(1, 9))
+            assert abs(mono - cheb) <= 1e-14 * cheb
 
 
 def test_auto_picks_the_tree_for_clusters_and_not_for_spread_out_tokens():

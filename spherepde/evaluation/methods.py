@@ -607,30 +607,17 @@ def _tree_tables(d: int, pmax: int):
     return _tree_kernels.monomial_tables(d, pmax)
 
 
-def _tree_rho_max(eta: float, d: int, pmax: int, nmono: np.ndarray) -> np.ndarray:
-    """For each degree p, the largest rho = r_T r_S with rho^(p+1) e^(2 rho) / (p+1)! (the Lagrange
-    remainder, relative) + (2p + 82) eps e^((sqrt d + 1) rho) (rounding: the terms of the P-term sum add up
-    to at most e^(sqrt(d) rho) times the pair's mass, against a result >= e^-rho times it; each monomial
-    carries <= 2p + 2 roundings, the moments' sums over the sources are counted as 64 eps like the direct
-    sums, and the P terms are summed from the highest degree down, so that each addition rounds relative
-    to a tail of the series, which adds up to a few times the sum for rho <= 1: 16 eps) <= eta; -1 where
-    no rho > 0 meets it."""
-    out = np.full(pmax + 1, -1.0)
-    for p in range(pmax + 1):
-        def err(r):
-            return math.exp((p + 1) * math.log(r) + 2 * r - math.lgamma(p + 2)) + (2 * p + 82) * _EPS * math.exp(
-                (math.sqrt(d) + 1) * r)
+@functools.lru_cache(maxsize=8)
+def _tree_chebyshev(pmax: int) -> np.ndarray:
+    return _tree_kernels.chebyshev_table(pmax)
 
-        if err(1e-300) > eta:
-            continue
-        lo, hi = 0.0, 1.0
-        while err(hi) <= eta and hi < 1e3:
-            lo, hi = hi, 2 * hi
-        for _ in range(60):
-            mid = 0.5 * (lo + hi)
-            lo, hi = (mid, hi) if err(mid) <= eta else (lo, mid)
-        out[p] = lo
-    return out
+
+def _tree_rho_max(eta: float, d: int, pmax: int) -> np.ndarray:
+    """For each degree p, the largest rho = r_T r_S at which a pair expanded at degree p (the truncated
+    Chebyshev series of e^t on [-rho, rho]) has the relative error bound
+    :func:`spherepde.kernels.tree.expansion_error` <= eta (its tail plus rounding); -1 where no rho > 0
+    meets it."""
+    return _tree_kernels.rho_max_table(float(eta), int(pmax), _tree_chebyshev(pmax), _tree_tables(d, pmax)[3])
 
 
 class _TreeSetup:
@@ -691,7 +678,7 @@ class _TreeSetup:
         # the pairs of row 0 and the others take eta_e / 2 each
         row_eps = [min(0.5 * self.eta_e * math.exp(j * TREE_SLACK_STEP), TREE_PAIR_EPS_MAX)
                    for j in range(TREE_SLACK_ROWS)]
-        self.rho_max = (np.array([_tree_rho_max(e, d, self.pmax, nmono) for e in row_eps])
+        self.rho_max = (np.array([_tree_rho_max(e, d, self.pmax) for e in row_eps])
                         if self.ok else np.full((1, self.pmax + 1), -1.0))
         self.log_w = float(np.log(self.ws.sum()))
         self.log_prune = (math.log(self.eta_p) if self.ok else -math.inf) - self.log_w
@@ -725,8 +712,8 @@ class _TreeSetup:
         YsT[:self.Ys.shape[1]] = self.Ys.T
         UtT = np.zeros((3, self.Ut.shape[0]))
         UtT[:self.Ut.shape[1]] = self.Ut.T
-        _t.moments(eT, eS, eP, off, self.tc, YsT, self.ws, self.sstart, self.send, self.sc, self.sr, self.nmono,
-                   self.par, self.ax, self.inv, A)
+        _t.moments(eT, eS, eP, off, self.tc, self.tr, YsT, self.ws, self.sstart, self.send, self.sc, self.sr,
+                   self.nmono, self.par, self.ax, self.inv, _tree_chebyshev(self.pmax), A)
         first = 2 ** self.tdepth - 1
         dorder = np.argsort(dT, kind="stable")
         dT, dS = dT[dorder] - first, dS[dorder]
@@ -754,8 +741,8 @@ def _tree_setup(ev, p: Targets) -> _TreeSetup:
 @register
 class Tree(Method):
     """The dual tree (:mod:`spherepde.kernels.tree`): target and source trees of balls, pairs of nodes
-    pruned, expanded (the coupling exp(<du, delta>) by its Taylor polynomial, with the Lagrange remainder
-    as the bound) or summed directly at the leaves. For concentrated point sets (tokens in clusters) whole
+    pruned, expanded (the coupling exp(<du, delta>) by its truncated Chebyshev series on [-rho, rho], with
+    the series' tail as the bound) or summed directly at the leaves. For concentrated point sets (tokens in clusters) whole
     clusters interact through one expansion, O((N + M) P) instead of O(N M). d = 2 or 3, softmax
     normalisation. |m_hat - m| <= (1 + sqrt 3) (eta + 64 eps) with eta = eta_e + eta_p + eta_round the
     relative error of the sums; refuses every target where tol leaves no budget (the exponents' rounding

@@ -11,16 +11,21 @@ y = c + delta:
     <u, y> = <u, c> + <u0, delta> + <du, delta>,
 
 so exp(<u, y>) = exp(<u, c>) exp(<u0, delta>) exp(<du, delta>), and only the last factor couples a target
-to a source. |<du, delta>| <= rho = r_T r_S, and its Taylor polynomial of degree p is, by the multinomial
-theorem, sum_{|a| <= p} du^a delta^a / a!: the pair's sums are the source moments
+to a source. |<du, delta>| <= rho = r_T r_S, and on [-rho, rho] e^t is replaced by q(t) = sum_{k <= p} c_k t^k,
+its Chebyshev series truncated at degree p (:func:`cheb_exp_coeffs`; the c_k depend on the pair's rho). By
+the multinomial theorem t^k = sum_{|a| = k} k! du^a delta^a / a!, so the pair's sums are the source moments
 
-    A_a = sum_j w_j exp(<u0, delta_j> - s) delta_j^a / a!   (and the same times y_j),
+    A_a = g_|a| sum_j w_j exp(<u0, delta_j> - s) delta_j^a / a!   (and the same times y_j),  g_k = k! c_k,
 
-formed once per pair, evaluated at each target as exp(<u, c> + s - shift_i) sum_a du^a A_a. The Lagrange
-remainder gives, for every term, |e^t - T_p(t)| <= rho^(p+1) / (p+1)! e^rho <= e^t rho^(p+1) e^(2 rho) /
-(p+1)!: a relative error of the pair's (positive) sums. That is the far field of a fast Gauss transform,
-with the coupling second order in the two radii, so that a whole cluster of tokens interacts with another
-through one expansion.
+formed once per pair, evaluated at each target as exp(<u, c> + s - shift_i) sum_a du^a A_a. The series'
+tail gives |e^t - q(t)| <= 2 sum_{k > p} I_k(rho) <= 2 e^(rho^2 / 4) (rho / 2)^(p+1) / (p+1)! /
+(1 - rho / (2p + 4)) (I_k the modified Bessel functions, the series' coefficients), so that e^-rho <= e^t
+makes it a relative error of the pair's (positive) sums (:func:`expansion_error`). The Taylor polynomial
+(g_k = 1) has the Lagrange remainder rho^(p+1) e^(2 rho) / (p+1)! instead: the Chebyshev series is 2^p /
+2 times closer, which lets a pair take a degree 2-3 lower (measured in the plan: see
+``validation/bench_particles.md``). That is the far field of a fast Gauss transform, with the coupling
+second order in the two radii, so that a whole cluster of tokens interacts with another through one
+expansion.
 
 A pair whose exponent is bounded above by log(eta_p / W) + (a lower bound of log D_i for every target of
 T) is pruned: its mass is <= eta_p (W_S / W) D_i, so all the pruned mass is <= eta_p D_i. Leaf pairs that
@@ -36,7 +41,7 @@ import numpy as np
 from .fastexp import fexp_ftz
 
 __all__ = ["balanced_tree", "node_balls", "leaf_lower_bounds", "traverse", "moments", "evaluate",
-           "monomial_tables"]
+           "monomial_tables", "chebyshev_table", "cheb_exp_coeffs", "expansion_error", "rho_max_table"]
 
 #: reductions vectorised (the sums' order changes, not their bound)
 _FMR = {"reassoc", "contract", "nsz", "arcp"}
@@ -70,6 +75,110 @@ def monomial_tables(d: int, pmax: int):
         b[k] -= 1
         par[i], ax[i], inv[i] = index[tuple(b)], k, 1.0 / a[k]
     return par, ax, inv, np.array(counts, dtype=np.int64)
+
+
+def chebyshev_table(pmax: int) -> np.ndarray:
+    """Tm[m, k]: the coefficient of s^k in the Chebyshev polynomial T_m(s), m, k <= pmax (integers, exact in
+    double for pmax <= 40)."""
+    Tm = np.zeros((pmax + 1, pmax + 1))
+    Tm[0, 0] = 1.0
+    if pmax >= 1:
+        Tm[1, 1] = 1.0
+    for m in range(2, pmax + 1):
+        Tm[m, 1:] = 2.0 * Tm[m - 1, :-1]
+        Tm[m] -= Tm[m - 2]
+    return Tm
+
+
+@nb.njit(cache=True)
+def cheb_exp_coeffs(rho, p, Tm, g, gabs):
+    """The degree-p truncated Chebyshev series of e^t on [-rho, rho] in monomials, sum_k c_k t^k, as g[k] =
+    k! c_k (1 for the Taylor polynomial), k <= p; gabs[k] = k! sum_m |a_m [s^k] T_m| rho^(m-k) (the sum of
+    the terms that make c_k: a bound of |c_k| and of the rounding in forming it). The series is
+    e^(rho s) = I_0(rho) + 2 sum_m I_m(rho) T_m(s); with I_m(rho) = (rho / 2)^m Ih_m, Ih_m = sum_j (rho^2 /
+    4)^j / (j! (j + m)!) (positive terms, summed to full precision), a_m / rho^m = 2^(1-m) Ih_m (Ih_0 for m =
+    0) needs no division by rho, so rho = 0 gives the Taylor coefficients exactly."""
+    x2 = 0.25 * rho * rho
+    ah = np.empty(p + 1)
+    fm = 1.0  # m!
+    for m in range(p + 1):
+        if m > 0:
+            fm *= m
+        term = 1.0 / fm
+        s = term
+        j = 1
+        while term > 1e-18 * s:
+            term *= x2 / (j * (j + m))
+            s += term
+            j += 1
+        ah[m] = s if m == 0 else s * 2.0 ** (1 - m)
+    fk = 1.0  # k!
+    for k in range(p + 1):
+        if k > 0:
+            fk *= k
+        c = 0.0
+        ca = 0.0
+        rk = 1.0  # rho^(m - k)
+        for m in range(k, p + 1):
+            t = ah[m] * rk * Tm[m, k]
+            c += t
+            ca += abs(t)
+            rk *= rho
+        g[k] = fk * c
+        gabs[k] = fk * ca
+
+
+@nb.njit(cache=True)
+def expansion_error(r, p, Tm, nmono):
+    """Bound of the relative error of a pair's sums expanded at degree p with rho = r_T r_S = r: the
+    truncated Chebyshev series' tail, 2 e^(r^2 / 4) (r / 2)^(p+1) / (p+1)! / (1 - r / (2p + 4)), plus
+    rounding, eps sum_k (3p + 68 + nmono[k]) gabs_k r^k / k! (:func:`cheb_exp_coeffs`), both against a result
+    >= e^-r times the pair's mass: times e^r. inf where the tail's bound does not hold (r >= 2p + 4).
+
+    The rounding: a target's sum is sum_a du^a A_a with A_a = g_k sum_j m_j delta_j^a / a! (k = |a|, m_j >= 0);
+    its terms of degree k add up in magnitude to <= sum_j m_j gabs_k (sum_q |du_q delta_j,q|)^k / k!, and
+    sum_q |du_q delta_j,q| <= |du| |delta_j| <= r (Cauchy-Schwarz). Each monomial carries <= 2p + 2
+    roundings, forming g_k <= p + 2 more, the moments' sums over the sources are counted as 64 eps like the
+    direct sums, and the P terms are summed from the highest degree down: a term of degree k is in at most
+    nmono[k] (the monomials of degree <= k) of the partial sums, each addition rounding relative to its
+    partial sum."""
+    if r >= 2.0 * (p + 2):
+        return np.inf
+    g = np.empty(p + 1)
+    gabs = np.empty(p + 1)
+    cheb_exp_coeffs(r, p, Tm, g, gabs)
+    tail = 2.0 * math.exp(0.25 * r * r + (p + 1) * math.log(0.5 * r) - math.lgamma(p + 2.0)) / (
+        1.0 - r / (2.0 * p + 4.0)) if r > 0.0 else 0.0
+    rnd = 0.0
+    zk = 1.0
+    fk = 1.0
+    for k in range(p + 1):
+        if k > 0:
+            zk *= r
+            fk *= k
+        rnd += (3 * p + 68 + nmono[k]) * gabs[k] * zk / fk
+    return math.exp(r) * (tail + 2.220446049250313e-16 * rnd)
+
+
+@nb.njit(cache=True)
+def rho_max_table(eta, pmax, Tm, nmono):
+    """For each degree p <= pmax, the largest rho with :func:`expansion_error` <= eta (bisection; the bound
+    grows with rho); -1 where no rho > 0 meets it."""
+    out = np.full(pmax + 1, -1.0)
+    for p in range(pmax + 1):
+        if expansion_error(1e-300, p, Tm, nmono) > eta:
+            continue
+        lo, hi = 0.0, 1.0
+        while expansion_error(hi, p, Tm, nmono) <= eta and hi < 1e3:
+            lo, hi = hi, 2.0 * hi
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            if expansion_error(mid, p, Tm, nmono) <= eta:
+                lo = mid
+            else:
+                hi = mid
+        out[p] = lo
+    return out
 
 
 @nb.njit(cache=True)
@@ -296,10 +405,11 @@ def traverse(tdepth, tstart, tend, tc, tr, lbmin, sdepth, sstart, send, sc, sr, 
 
 
 @nb.njit(parallel=True, fastmath=_FMR, cache=True)
-def moments(eT, eS, eP, off, tc, YsT, ws, sstart, send, sc, sr, nmono, par, ax, inv, A):
-    """The source moments of every expansion: A[off[e] + a, k] = sum_j w_j exp(<u0, delta_j> - s) delta_j^a / a!
-    (k = 0) and the same times y_j[k - 1] (k = 1..3), u0 the target node's centre, delta_j = y_j - c_S,
-    s = |u0| r_S (>= every <u0, delta_j>: no overflow). Parallel over the expansions."""
+def moments(eT, eS, eP, off, tc, tr, YsT, ws, sstart, send, sc, sr, nmono, par, ax, inv, Tm, A):
+    """The source moments of every expansion: A[off[e] + a, k] = g_|a| sum_j w_j exp(<u0, delta_j> - s)
+    delta_j^a / a! (k = 0) and the same times y_j[k - 1] (k = 1..3), u0 the target node's centre, delta_j =
+    y_j - c_S, s = |u0| r_S (>= every <u0, delta_j>: no overflow), g the pair's Chebyshev weights at rho =
+    r_T r_S (:func:`cheb_exp_coeffs`; ``Tm`` = :func:`chebyshev_table`). Parallel over the expansions."""
     d = tc.shape[1]
     for e in nb.prange(eT.shape[0]):
         T, S, p = eT[e], eS[e], eP[e]
@@ -307,6 +417,9 @@ def moments(eT, eS, eP, off, tc, YsT, ws, sstart, send, sc, sr, nmono, par, ax, 
         o = off[e]
         nu = _norm(tc, T, d)
         s_shift = nu * sr[S]
+        g = np.empty(p + 1)
+        gabs = np.empty(p + 1)
+        cheb_exp_coeffs(tr[T] * sr[S], p, Tm, g, gabs)
         mono = np.empty((P, _CH))
         dl = np.empty((d, _CH))
         y = np.zeros((3, _CH))
@@ -344,6 +457,12 @@ def moments(eT, eS, eP, off, tc, YsT, ws, sstart, send, sc, sr, nmono, par, ax, 
                 A[o + a, 1] += s1
                 A[o + a, 2] += s2
                 A[o + a, 3] += s3
+        q = 0
+        for a in range(P):  # the graded order: monomial a has degree q while a < nmono[q]
+            while a >= nmono[q]:
+                q += 1
+            for k in range(4):
+                A[o + a, k] *= g[q]
 
 
 @nb.njit(parallel=True, fastmath=_FMR, cache=True)

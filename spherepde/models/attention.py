@@ -113,9 +113,11 @@ class Attention(Model):
       u = beta B^T x) and sources each in a binary tree of balls; for a target node (centre u0, radius
       r_T) and a source node (centre c, radius r_S), exp(<u, y>) = exp(<u, c>) exp(<u0, y - c>)
       exp(<u - u0, y - c>), and only the last factor, with |<u - u0, y - c>| <= rho = r_T r_S, couples
-      targets to sources: its Taylor polynomial of degree p turns the pair into source moments formed
-      once and evaluated at each target, with the Lagrange remainder rho^(p+1) e^(2 rho) / (p+1)! as a
-      relative bound of the pair's (positive) sums. Pairs whose exponent bound lies below eta_p / W of
+      targets to sources: its truncated Chebyshev series of degree p on [-rho, rho], written in
+      monomials, turns the pair into source moments formed once and evaluated at each target, with the
+      series' tail 2 e^(rho^2/4) (rho/2)^(p+1) / (p+1)! (times e^rho, plus rounding) as a relative bound
+      of the pair's (positive) sums (2^p / 2 below the Taylor polynomial's Lagrange remainder, so the
+      degrees are lower). Pairs whose exponent bound lies below eta_p / W of
       the targets' lower bound of D are pruned; leaf pairs that no expansion serves are summed
       directly. |m_hat - m| <= (1 + sqrt 3)(eta + 64 eps), eta the sums' relative error (expansions,
       pruning, and the exponents' rounding ~3 kappa eps). Since the coupling is second order in the two
