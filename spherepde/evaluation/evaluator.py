@@ -32,6 +32,13 @@ __all__ = ["AttentionEvaluator", "FieldInfo", "METHODS", "kernel_centres", "sele
 METHODS = ("auto", "direct", "pruned", "spectral")
 
 
+#: "auto" skips the fast transforms for FAST_SKIP_EVALS evaluations after they refused at least the fraction
+#: FAST_SKIP_REFUSED of an evaluation's targets (all of them refused on tokens in clusters; the attempt
+#: cost 0.04-0.1 s of a 1 s evaluation at n = 1e5, validation/bench_particles.md), then tries them again.
+FAST_SKIP_REFUSED = 0.99
+FAST_SKIP_EVALS = 9
+
+
 def selectable_methods() -> tuple:
     """The values ``method`` takes: :data:`METHODS` and the registry's methods that can be asked for by
     name (``"series"``, ``"fast_spectral"`` and any registered later)."""
@@ -117,16 +124,18 @@ class AttentionEvaluator:
 
     # ------------------------------------------------------------------ state
     def get_state(self) -> dict:
-        """The memory of how often the in-house series passed its targets (it picks between methods that
-        agree to ``tol``, so the next field depends on it in the last bits)."""
-        return {"series_pass": self.memory["series_pass"]} if "series_pass" in self.memory else {}
+        """The memory of how often the in-house series passed its targets and of how many more evaluations
+        skip the fast transforms (it picks between methods that agree to ``tol``, so the next field depends
+        on it in the last bits)."""
+        return {k: self.memory[k] for k in ("series_pass", "fast_skip") if k in self.memory}
 
     def set_state(self, state: dict):
         """Restore :meth:`get_state` (``{}``: a fresh history)."""
-        if "series_pass" in state:
-            self.memory["series_pass"] = float(state["series_pass"])
-        else:
-            self.memory.pop("series_pass", None)
+        for k, kind in (("series_pass", float), ("fast_skip", int)):
+            if k in state:
+                self.memory[k] = kind(state[k])
+            else:
+                self.memory.pop(k, None)
 
     # ------------------------------------------------------------------ the choice
     def _spectral_entry(self, p: Targets) -> str:
@@ -192,6 +201,12 @@ class AttentionEvaluator:
             t_pruned = REGISTRY["pruned"].cost(self, p)
             t_spec = REGISTRY["fast_spectral"].cost(self, p, min(t_direct, t_pruned) / 1.3) * 1.3 + 0.02
             best = min(t_direct, t_pruned, t_spec)
+            if best == t_spec and self.memory.get("fast_skip", 0) > 0:
+                # the fast transforms refused (nearly) every target of a recent evaluation (tokens in clusters:
+                # their bound fails away from the bulk of the mass, and the tokens are all there): skipped
+                # for FAST_SKIP_EVALS evaluations, then tried again (see mean_field)
+                self.memory["fast_skip"] -= 1
+                best = min(t_direct, t_pruned)
             if best == t_spec:
                 return self._spectral_entry(p), False
             return self._tree_or(p, "direct" if best == t_direct else "pruned"), False
@@ -322,6 +337,8 @@ class AttentionEvaluator:
             return self._checked(out, info)
         first, remember = self._first(p, requested)
         self._run(first, p, out, info, remember)
+        if requested == "auto" and first == "fast_spectral" and info.refused("fast_spectral") >= FAST_SKIP_REFUSED * M:
+            self.memory["fast_skip"] = FAST_SKIP_EVALS
         return self._checked(out, info)
 
     @staticmethod
