@@ -292,7 +292,8 @@ def figure(recs: list[dict], path: Path) -> None:
                 row[0].axvline(r["t_exit"], color=(sh, sh, 1.0), lw=0.6, ls=":")
         row[0].axhline(0.9, color="0.5", lw=0.5)
         row[0].set(xlabel="t", ylabel="alignment",
-                   title=f"beta = {beta:g}, {refinement_name(*ref)}: alignments (dotted: t_exit)")
+                   title=f"beta = {beta:g}, {refinement_name(*ref)}, nside_min {sel[0].get('nside_min', NSIDE_MIN)}: "
+                         "\nalignments (dotted: t_exit)")
         row[0].title.set_fontsize(10)
         row[0].legend(fontsize=6, ncol=2)
         row[1].axvline(T_FIG4, color="0.5", lw=0.5)
@@ -300,14 +301,14 @@ def figure(recs: list[dict], path: Path) -> None:
         row[1].legend(fontsize=7)
         row[2].set(xlabel="t", ylabel="cells", title="cells of the adaptive grid")
         row[2].legend(fontsize=7)
-    fig.suptitle(f"Figure 4, perturbed f0 (eps 0.05), on AdaptiveHealpixGrid({NSIDE_MIN}, nside_max)")
+    fig.suptitle("Figure 4, perturbed f0 (eps 0.05), on AdaptiveHealpixGrid(nside_min, nside_max)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def terminal_figure(recs: list[dict], path: Path) -> None:
-    """terminal.png: the terminal phase of every attended level at nside_max >= 128 (README, "What t_EF rests
+    """terminal.png: the terminal phase of every attended level at beta 30, nside_max >= 128 (README, "What t_EF rests
     on"): left, the alignments with E and F against t; right, align E - align F from the stall cone on, with
     t_depart (dots) and t_EF (where the curve crosses 0): the gap one unit after the departure, and the slow
     drift that has to close it."""
@@ -316,7 +317,7 @@ def terminal_figure(recs: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sel = sorted((r for r in recs if refinement_of(r) == (True, None) and r["nside_max"] >= 128),
+    sel = sorted((r for r in recs if refinement_of(r) == (True, None) and r["nside_max"] >= 128 and r["beta"] == 30.0),
                  key=lambda r: (r.get("nside_min", NSIDE_MIN), r["nside_max"]))
     if not sel:
         return
@@ -409,7 +410,11 @@ def main(argv=None):
     recs = [old[k] for k in sorted(old)]
     if recs:
         refs = sorted({refinement_of(r) for r in recs}, key=_order)
-        figure([r for ref in refs for r in ladder(recs, *ref)], OUT / "adaptive.png")
+        rows = [r for ref in refs for r in ladder(recs, *ref)]
+        # a beta whose only attended ladder is on nside 32 cells (beta 100) gets that one
+        have = {(r["beta"], refinement_of(r)) for r in rows}
+        rows += [r for r in ladder(recs, attended=True, nside_min=32) if (r["beta"], refinement_of(r)) not in have]
+        figure(rows, OUT / "adaptive.png")
         terminal_figure(recs, OUT / "terminal.png")
     print(report(recs))
 
