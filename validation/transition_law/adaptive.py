@@ -10,7 +10,8 @@ t_EF, the final alignments, the cells (at most and at T), the share of the mass 
 at T and the wall time, beside the uniform rows of ``results.json``.
 
 Usage: python validation/transition_law/adaptive.py [--nside-max 64 128]  (writes adaptive.md and
-adaptive.json beside this file; run directories in sweep_runs/transition_law_adaptive*, not committed).
+adaptive.json beside this file, keeping the rows of the levels not named; run directories in
+sweep_runs/transition_law_adaptive*, not committed).
 """
 from __future__ import annotations
 
@@ -72,6 +73,11 @@ def main(argv=None):
                          "top_two_share": float(np.sort(mass)[-2:].sum() / mass.sum()),
                          "steps": int(m["n_steps"]), "wall_s": float(m["wall_time"]),
                          "mass_drift": float(abs(d["mass"][-1] / d["mass"][0] - 1)), "min": float(np.min(d["min"]))})
+    # the levels not run now keep their rows (each level is a sweep of its own; a level's run directories
+    # need not be on this machine)
+    if (HERE / "adaptive.json").exists():
+        rows += [r for r in json.loads((HERE / "adaptive.json").read_text())["rows"]
+                 if r["nside_max"] not in a.nside_max]
     rows.sort(key=lambda r: (-r["eps"], r["nside_max"]))
     (HERE / "adaptive.json").write_text(json.dumps({"nside_min": NSIDE_MIN, "rows": rows}, indent=1))
 
