@@ -34,7 +34,7 @@ METHODS = ("auto", "direct", "pruned", "spectral")
 
 #: "auto" skips the fast transforms for FAST_SKIP_EVALS evaluations after they refused at least the fraction
 #: FAST_SKIP_REFUSED of an evaluation's targets (all of them refused on tokens in clusters; the attempt
-#: cost 0.04-0.1 s of a 1 s evaluation at n = 1e5, validation/bench_particles.md), then tries them again.
+#: cost 0.04-0.4 s of a ~1 s evaluation at n = 1e5, validation/bench_particles.md), then tries them again.
 FAST_SKIP_REFUSED = 0.99
 FAST_SKIP_EVALS = 9
 
@@ -337,7 +337,8 @@ class AttentionEvaluator:
             return self._checked(out, info)
         first, remember = self._first(p, requested)
         self._run(first, p, out, info, remember)
-        if requested == "auto" and first == "fast_spectral" and info.refused("fast_spectral") >= FAST_SKIP_REFUSED * M:
+        if (requested == "auto" and first == "fast_spectral"
+                and info.refused("fast_spectral") >= FAST_SKIP_REFUSED * M):
             self.memory["fast_skip"] = FAST_SKIP_EVALS
         return self._checked(out, info)
 

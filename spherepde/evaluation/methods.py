@@ -742,8 +742,8 @@ def _tree_setup(ev, p: Targets) -> _TreeSetup:
 class Tree(Method):
     """The dual tree (:mod:`spherepde.kernels.tree`): target and source trees of balls, pairs of nodes
     pruned, expanded (the coupling exp(<du, delta>) by its truncated Chebyshev series on [-rho, rho], with
-    the series' tail as the bound) or summed directly at the leaves. For concentrated point sets (tokens in clusters) whole
-    clusters interact through one expansion, O((N + M) P) instead of O(N M). d = 2 or 3, softmax
+    the series' tail as the bound) or summed directly at the leaves. For concentrated point sets (tokens in
+    clusters) whole clusters interact through one expansion, O((N + M) P) instead of O(N M). d = 2 or 3, softmax
     normalisation. |m_hat - m| <= (1 + sqrt 3) (eta + 64 eps) with eta = eta_e + eta_p + eta_round the
     relative error of the sums; refuses every target where tol leaves no budget (the exponents' rounding
     alone, ~3 eps kappa, exceeds it) or a term could overflow."""
