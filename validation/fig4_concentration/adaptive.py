@@ -58,6 +58,11 @@ BAR = {"t_exit": 0.02, "t_EF": 0.02, "plateau_w2": 0.05}
 #: follows, the slope of align F - align E over DRIFT_WINDOW (least squares over the saved states).
 F_DEPART = 0.2
 DRIFT_WINDOW = (20.0, 28.0)
+#: The tails: cells below this fraction of the heaviest cell's mass (their share of the attention weight).
+TAIL_FRACTION = 1e-6
+#: The ladder taken for a beta that has no ladder of the default refinement on the default coarsest cells
+#: (ladder.csv, adaptive.png): the attended refinement on nside 32 cells (beta 100: the one run there).
+FALLBACK_LADDER = {"attended": True, "nside_min": 32}
 
 
 def terminal(rec: dict) -> dict:
@@ -170,7 +175,7 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     x = g.centers[int(np.argmax(w))]
     e = float(beta) * (g.centers @ (PAPER_B @ x))
     wk = w * np.exp(e - e.max())
-    tail = w < 1e-6 * w.max()
+    tail = w < TAIL_FRACTION * w.max()
     rec["tail_share_T"] = float(wk[tail].sum() / wk.sum())
     rec["tail_mass_T"] = float(w[tail].sum())
     rec["top_cell_share_T"] = float(w.max() / w.sum())
@@ -411,9 +416,9 @@ def main(argv=None):
     if recs:
         refs = sorted({refinement_of(r) for r in recs}, key=_order)
         rows = [r for ref in refs for r in ladder(recs, *ref)]
-        # a beta whose only attended ladder is on nside 32 cells (beta 100) gets that one
+        # a beta whose only attended ladder is the fallback one (beta 100) gets that one
         have = {(r["beta"], refinement_of(r)) for r in rows}
-        rows += [r for r in ladder(recs, attended=True, nside_min=32) if (r["beta"], refinement_of(r)) not in have]
+        rows += [r for r in ladder(recs, **FALLBACK_LADDER) if (r["beta"], refinement_of(r)) not in have]
         figure(rows, OUT / "adaptive.png")
         terminal_figure(recs, OUT / "terminal.png")
     print(report(recs))

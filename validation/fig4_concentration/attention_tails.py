@@ -19,14 +19,18 @@ import argparse
 import glob
 from pathlib import Path
 
+import sys
+
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-B = np.diag([-1.0, -1.0, 1.0])
-V = np.diag([-1.0, 1.0, -2.0])
+sys.path.insert(0, str(HERE.parents[1]))
+
+from validation.fig3_density.common import PAPER_B as B, PAPER_V as V  # noqa: E402
+from validation.fig4_concentration.adaptive import TAIL_FRACTION as TAIL  # noqa: E402
+
 BETA = 100.0
 RADIUS = 0.15
-TAIL = 1e-6
 
 
 def results(level: int):

@@ -94,17 +94,13 @@ def ladder_rows(recs, adaptive=()) -> list[dict]:
     return rows
 
 
-#: The ladder of adaptive.py that ladder.csv takes for a beta that has no ladder of the default refinement on
-#: the default coarsest cells: the attended refinement on nside 32 cells (beta 100: the one run there).
-FALLBACK_LADDER = {"attended": True, "nside_min": 32}
-
-
 def adaptive_rows() -> list[dict]:
     """The adaptive ladders: adaptive.py's of the perturbed f0 (adaptive.json: per beta its levels of the
-    default refinement on the default coarsest cells, or where there are none those of FALLBACK_LADDER; not
+    default refinement on the default coarsest cells, or where there are none those of adaptive.py's
+    FALLBACK_LADDER; not
     the runs that vary them) and adaptive_uniform.py's of the uniform f0 (adaptive_uniform.json, whose
     records carry f0 "uniform"); [] where none has been run."""
-    from validation.fig4_concentration.adaptive import ladder
+    from validation.fig4_concentration.adaptive import FALLBACK_LADDER, ladder
 
     p, u = HERE / "adaptive.json", HERE / "adaptive_uniform.json"
     out = []
