@@ -50,9 +50,12 @@ def main(argv=None):
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nside-max", type=int, nargs="+", default=NSIDE_MAX, help="the finest levels (powers of 2)")
+    ap.add_argument("--report-only", action="store_true", help="rewrite adaptive.md from adaptive.json (no runs)")
     a = ap.parse_args(argv)
     uniform = json.loads((HERE / "results.json").read_text())["rows"]
     rows = []
+    if a.report_only:
+        a.nside_max = []
     for nmax in a.nside_max:
         sp_ = spec(nmax)
         out = HERE / "sweep_runs" / sp_.name
@@ -96,8 +99,66 @@ def main(argv=None):
                  f"{' / '.join(f'{a:.3f}' for a in r['final_align'])} | {r['cells_max']} / {r['cells_T']} | "
                  f"{r['top_two_share']:.4f} | {r['steps']} | {r['wall_s']:.0f} | {r['mass_drift']:.1e} | {r['min']:.1e} | "
                  + " / ".join(fmt(u.get(n)) if n in u else "-" for n in (16, 32, 64)) + " |")
+    L += ladder_section(rows)
     (HERE / "adaptive.md").write_text("\n".join(L) + "\n")
     print("\n".join(L))
+
+
+#: The issue's bar for a converged time: the last two levels within 2 %.
+CONVERGED = 0.02
+
+
+def ladder_section(rows) -> list[str]:
+    """The ladder read off the rows: per eps, the step between the last two levels in t_exit and t_EF against
+    the 2 % bar, the two-cluster law t = a + log(1 / eps) / tanh(beta) anchored at the converged exit of
+    eps = 0.05 (fig4_concentration/ladder.csv, its finest beta-30 level), and the slope b between the amplitudes
+    at each level where both left E."""
+    import csv
+    import math
+
+    fig4 = [r for r in csv.DictReader(open(HERE.parent / "fig4_concentration" / "ladder.csv"))
+            if r["beta"] == "30" and r["f0"] == "perturbed" and r["t_exit"]]
+    anchor = max(fig4, key=lambda r: int(r["nside_max"]))
+    eps0, t0 = float(anchor["eps"]), float(anchor["t_exit"])
+    a_law = t0 - math.log(1 / eps0) / math.tanh(30.0)
+    L = ["", "## The ladder", "",
+         f"The step between the last two levels (converged: <= {CONVERGED:.0%}, the issue's bar), and the two-cluster "
+         f"law t = a + log(1 / eps) / tanh(beta) with a = {a_law:.2f}, anchored at eps = {eps0:g}'s exit {t0:.2f} "
+         f"(fig4_concentration/ladder.csv, beta 30, nside_max {anchor['nside_max']}, converged there):", "",
+         "| eps | levels | t_exit: last two | step | t_EF: last two | step | converged (t_exit / t_EF) | law | finest / law |",
+         "|---|---|---|---|---|---|---|---|---|"]
+
+    def step(x, y):
+        return abs(y - x) / abs(y) if x is not None and y is not None and np.isfinite(x) and np.isfinite(y) else None
+
+    for eps in sorted({r["eps"] for r in rows}, reverse=True):
+        rs = sorted((r for r in rows if r["eps"] == eps), key=lambda r: r["nside_max"])
+        if len(rs) < 2:
+            continue
+        p, q = rs[-2], rs[-1]
+        se, sf = step(p["t_exit"], q["t_exit"]), step(p["t_EF"], q["t_EF"])
+        law = a_law + math.log(1 / eps) / math.tanh(30.0)
+        yes = ["yes" if s is not None and s <= CONVERGED else "NO" for s in (se, sf)]
+        fs = lambda s: "-" if s is None else f"{s:.1%}"
+        ft = lambda x: "none" if x is None or not np.isfinite(x) else f"{x:.2f}"
+        L.append(f"| {eps:.0e} | {p['nside_max']} -> {q['nside_max']} | {ft(p['t_exit'])} -> {ft(q['t_exit'])} | "
+                 f"{fs(se)} | {ft(p['t_EF'])} -> {ft(q['t_EF'])} | {fs(sf)} | {yes[0]} / {yes[1]} | {law:.2f} | "
+                 f"{q['t_exit'] / law:.3f} |")
+    eps_all = sorted({r["eps"] for r in rows}, reverse=True)
+    L += ["", f"Slope b of t_exit against log(1 / eps) (two-cluster: 1 / tanh(30) = {1 / math.tanh(30.0):.3f}); from "
+          f"eps = {eps0:g} uses its converged exit {t0:.2f}:", "",
+          "| nside_max | " + " | ".join(f"b({e0:.0e} -> {e1:.0e})" for e0, e1 in zip([eps0] + eps_all, eps_all)) + " |",
+          "|---|" + "---|" * len(eps_all)]
+    for n in sorted({r["nside_max"] for r in rows}):
+        t = {r["eps"]: r["t_exit"] for r in rows if r["nside_max"] == n}
+        t[eps0] = t0
+        cells = []
+        for e0, e1 in zip([eps0] + eps_all, eps_all):
+            x, y = t.get(e0), t.get(e1)
+            ok = x is not None and y is not None and np.isfinite(x) and np.isfinite(y)
+            cells.append(f"{(y - x) / math.log(e0 / e1):.2f}" if ok else "-")
+        L.append(f"| {n} | " + " | ".join(cells) + " |")
+    return L
 
 
 if __name__ == "__main__":
