@@ -9,9 +9,9 @@ the perturbation), for eps = 1e-3 and 1e-4: the two amplitudes that the uniform 
 t_EF, the final alignments, the cells (at most and at T), the share of the mass in the two heaviest cells
 at T and the wall time, beside the uniform rows of ``results.json``.
 
-Usage: python validation/transition_law/adaptive.py [--nside-max 64 128]  (writes adaptive.md and
-adaptive.json beside this file, keeping the rows of the levels not named; run directories in
-sweep_runs/transition_law_adaptive*, not committed).
+Usage: python validation/transition_law/adaptive.py [--nside-max 64 128] [--eps 1e-3 1e-4] [--report-only]
+(writes adaptive.md and adaptive.json beside this file, keeping the rows of the (level, eps) pairs not run;
+run directories in sweep_runs/transition_law_adaptive*, not committed).
 """
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ NSIDE_MAX = [64, 128]
 EPS = [1e-3, 1e-4]
 
 
-def spec(nside_max=NSIDE_MAX[0]):
-    """The sweep of one finest level (each level its own sweep, so that a level can be added later)."""
+def spec(nside_max=NSIDE_MAX[0], eps=None):
+    """The sweep of one finest level (each level its own sweep, so that a level can be added later); ``eps``:
+    amplitudes other than EPS, in a sweep of their own beside the level's."""
     from spherepde.sweeps import parse_sweep
 
     raw = tomllib.loads((HERE / "sweep.toml").read_text())
@@ -39,8 +40,11 @@ def spec(nside_max=NSIDE_MAX[0]):
     base["grid"] = {"type": "adaptive", "nside_min": NSIDE_MIN, "nside_max": int(nside_max)}
     base["initial"]["sample"] = "average"  # what an adaptive grid takes (it refines on f0, then averages)
     name = "transition_law_adaptive" + ("" if nside_max == 64 else f"_{nside_max}")
+    eps = EPS if eps is None else [float(e) for e in eps]
+    if eps != EPS:
+        name += "_eps" + "_".join(f"{e:.0e}" for e in eps)
     return parse_sweep({"sweep": {"name": name}, "base": base, "set": raw["set"],
-                        "axes": {"initial.eps": EPS}}, base_dir=HERE)
+                        "axes": {"initial.eps": eps}}, base_dir=HERE)
 
 
 def main(argv=None):
@@ -50,6 +54,7 @@ def main(argv=None):
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nside-max", type=int, nargs="+", default=NSIDE_MAX, help="the finest levels (powers of 2)")
+    ap.add_argument("--eps", type=float, nargs="+", default=None, help=f"the amplitudes (default {EPS})")
     ap.add_argument("--report-only", action="store_true", help="rewrite adaptive.md from adaptive.json (no runs)")
     a = ap.parse_args(argv)
     uniform = json.loads((HERE / "results.json").read_text())["rows"]
@@ -57,7 +62,7 @@ def main(argv=None):
     if a.report_only:
         a.nside_max = []
     for nmax in a.nside_max:
-        sp_ = spec(nmax)
+        sp_ = spec(nmax, a.eps)
         out = HERE / "sweep_runs" / sp_.name
         # the sweep's dataset has each member's alignment series, t_exit, t_EF and cell counts already
         # (spherepde.sweeps.member_record); the results file is read for the last state and the mass
@@ -79,8 +84,9 @@ def main(argv=None):
     # the levels not run now keep their rows (each level is a sweep of its own; a level's run directories
     # need not be on this machine)
     if (HERE / "adaptive.json").exists():
+        done = {(r["nside_max"], r["eps"]) for r in rows}
         rows += [r for r in json.loads((HERE / "adaptive.json").read_text())["rows"]
-                 if r["nside_max"] not in a.nside_max]
+                 if (r["nside_max"], r["eps"]) not in done]
     rows.sort(key=lambda r: (-r["eps"], r["nside_max"]))
     (HERE / "adaptive.json").write_text(json.dumps({"nside_min": NSIDE_MIN, "rows": rows}, indent=1))
 
