@@ -444,22 +444,28 @@ class AdaptiveHealpixGrid(Grid):
         self._h = 1.0 / self.nside.astype(float)
         self._x0, self._y0 = ix * self._h, iy * self._h
         self.areas = FACE_AREA * self._h ** 2  # the face map is equal-area
-        q = 2 * self.cell_order ** 2
-        self.cell_points = np.empty((N, q, 3))
+        # the cell quadrature (N x 32 points at cell_order 4: 113 MB at 147k cells) is not kept: the mean
+        # positions of the cells kept are copied, the new cells' computed from their own points, and
+        # ``cell_points`` is made when asked for (initial averages, second moments). Copying the points at
+        # every regrid was a third of its time.
+        xbar = np.empty((N, 3))
         if have.any():
             centers[have] = _reuse.centers[old[have]]
-            self.cell_points[have] = _reuse.cell_points[old[have]]
+            xbar[have] = _reuse.xbar[old[have]]
         for k in _levels(self.order[new]):
             sel = new & (self.order == k)
             centers[sel] = np.array(hp.pix2vec(1 << int(k), self.ipix[sel], nest=True)).T
         if new.any():
-            self.cell_points[new], self.cell_weights = _square_rule(self.cell_order, face[new], self._x0[new],
-                                                                    self._y0[new], self._h[new])
+            pts, self.cell_weights = _square_rule(self.cell_order, face[new], self._x0[new], self._y0[new],
+                                                  self._h[new])
+            xbar[new] = np.einsum("nqd,q->nd", pts, self.cell_weights)  # row by row: the bits of the full array's
+            del pts
         else:
             self.cell_weights = _reuse.cell_weights
+        self._cell_points = None
         self.centers = centers
         self._build_faces(_reuse)
-        self.xbar = np.einsum("nqd,q->nd", self.cell_points, self.cell_weights)
+        self.xbar = xbar
         nbrs = self._stencil_neighbours(_reuse, old)
         self.stencil = np.where(nbrs >= 0, nbrs, np.arange(N)[:, None]).astype(np.int32)
         # a cell whose stencil is the same cells as in the grid adapted from keeps its coefficients
@@ -474,6 +480,13 @@ class AdaptiveHealpixGrid(Grid):
         if rows.size:
             self.stencil_coef_local[rows] = least_squares_stencil(self.xbar, nbrs[rows], self.tangent_basis[rows],
                                                                   rows=rows)[0]
+
+    @property
+    def cell_points(self) -> np.ndarray:
+        """The cell quadrature's points (N, 2 cell_order^2, 3), with ``cell_weights``; made on first use."""
+        if self._cell_points is None:
+            self._cell_points = _square_rule(self.cell_order, self._face, self._x0, self._y0, self._h)[0]
+        return self._cell_points
 
     def __repr__(self):
         counts = np.bincount(self.order, minlength=self.order_max + 1)[self.order_min:]

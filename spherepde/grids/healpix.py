@@ -90,13 +90,17 @@ def edge_quadrature(face, x0, y0, h, fixed: str, off: int, edge_points: int, cen
 
 
 def _set_faces(grid, parts):
-    """Fill a grid's face arrays from a list of :func:`edge_quadrature` results (in face order)."""
-    grid.face_points = np.ascontiguousarray(np.concatenate([p[0] for p in parts]))
-    grid.face_normals = np.ascontiguousarray(np.concatenate([p[1] for p in parts]))
+    """Fill a grid's face arrays from a list of :func:`edge_quadrature` results (in face order); one part is
+    taken as it is (no copy: the adaptive grid hands over whole arrays at every regrid)."""
+    def cat(k):
+        return parts[0][k] if len(parts) == 1 else np.concatenate([p[k] for p in parts])
+
+    grid.face_points = np.ascontiguousarray(cat(0))
+    grid.face_normals = np.ascontiguousarray(cat(1))
     grid.face_weights = _gauss01(grid.edge_points)[1]
-    grid.face_ends = np.concatenate([p[3] for p in parts])  # (F, 2, 3) the edge's end points (pixel corners)
+    grid.face_ends = cat(3)  # (F, 2, 3) the edge's end points (pixel corners)
     grid.face_length = np.linalg.norm(grid.face_normals, axis=2).sum(axis=1)
-    mid = np.concatenate([p[2] for p in parts])
+    mid = cat(2)
     grid.face_unit_normal = mid / np.linalg.norm(mid, axis=1, keepdims=True)
 
 
