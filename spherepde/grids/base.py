@@ -124,7 +124,14 @@ class Grid:
     def stencil_coef(self) -> np.ndarray:
         """(N, S, d) least-squares coefficient vectors in the ambient space:
         grad f_i = sum_k coef[i, k] (f[stencil[i, k]] - f[i])."""
-        return np.einsum("nst,ntd->nsd", self.stencil_coef_local, self.tangent_basis)
+        # sum_t local[n, s, t] basis[n, t, :] as broadcast products summed in t order: the bits of
+        # np.einsum("nst,ntd->nsd") (checked on S^1-S^3 shapes) at a quarter of its time (0.58 -> 0.15 s at
+        # 150k cells): an adaptive grid makes it at every regrid
+        a, b = self.stencil_coef_local, self.tangent_basis
+        out = a[:, :, 0, None] * b[:, None, 0, :]
+        for t in range(1, a.shape[2]):
+            out += a[:, :, t, None] * b[:, None, t, :]
+        return out
 
     @cached_property
     def stencil_classes(self) -> tuple[np.ndarray, np.ndarray]:
