@@ -302,11 +302,18 @@ def test_stage_update_matches_twins(setup, linear, limit):
         assert out.min() < 0.0
 
 
-def test_cell_inflow_is_an_involution():
-    """Slot k of cell i and its inflow slot name the same face from both sides."""
+def _inflow_grids():
+    from spherepde import AdaptiveHealpixGrid
     from spherepde.grids import TensorGrid
 
-    for g in (HealpixGrid(1), HealpixGrid(3), TensorGrid(3, 6), TensorGrid(2, 5)):
+    patch = AdaptiveHealpixGrid(2, 16, refinement=False).refined_where(lambda g: g.centers[:, 2] > 0.6)
+    return (HealpixGrid(1), HealpixGrid(3), TensorGrid(3, 6), TensorGrid(2, 5), TensorGrid(4, 4), patch)
+
+
+def test_cell_inflow_is_an_involution():
+    """Slot k of cell i and its inflow slot name the same face from both sides (an adaptive patch too:
+    coarse cells with two sub-faces on a side)."""
+    for g in _inflow_grids():
         flat = g.cell_inflow.ravel()
         real = g.cell_face_sign.ravel() != 0
         K = g.cell_faces.shape[1]
@@ -315,6 +322,12 @@ def test_cell_inflow_is_an_involution():
         assert np.array_equal(g.cell_face_sign.ravel()[flat][real], -g.cell_face_sign.ravel()[real])
         assert np.array_equal(flat[~real], np.arange(flat.size)[~real])
         assert np.all(flat[real] // K != np.arange(flat.size)[real] // K)
+
+
+def test_cell_inflow_numba_equals_numpy_twin():
+    """The Numba loop of Grid.cell_inflow gives its NumPy twin's table, slot for slot."""
+    for g in _inflow_grids():
+        assert np.array_equal(g.cell_inflow, g._cell_inflow_numpy())
 
 
 def _grids_with_padding():

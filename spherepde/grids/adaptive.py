@@ -530,15 +530,18 @@ class AdaptiveHealpixGrid(Grid):
         # a face's geometry is that of edge `edge` of its owner (the fine side): keyed by (owner NUNIQ, edge)
         self._face_key = self.uniq[owner] * 4 + edge
         F, G = len(owner), self.edge_points
-        arrays = (np.empty((F, G, 3)), np.empty((F, G, 3)), np.empty((F, 3)), np.empty((F, 2, 3)))
-        todo = np.ones(F, bool)
-        if reuse is not None:
+        if reuse is None:
+            arrays = (np.empty((F, G, 3)), np.empty((F, G, 3)), np.empty((F, 3)), np.empty((F, 2, 3)))
+            todo = np.ones(F, bool)
+        else:
             srt = np.argsort(reuse._face_key)
             pos = np.minimum(np.searchsorted(reuse._face_key[srt], self._face_key), len(srt) - 1)
             src = srt[pos]
             hit = reuse._face_key[src] == self._face_key
-            for a, b in zip(arrays, (reuse.face_points, reuse.face_normals, reuse._face_mid, reuse.face_ends)):
-                a[hit] = b[src[hit]]
+            # every row gathered, whole rows in order (a masked gather and scatter was slower); the rows
+            # that missed are made below
+            arrays = tuple(np.take(b, src, axis=0) for b in (reuse.face_points, reuse.face_normals,
+                                                             reuse._face_mid, reuse.face_ends))
             todo = ~hit
         for j, (_, fixed, off) in enumerate(_EDGES):
             sel = np.nonzero(todo & (edge == j))[0]

@@ -23,6 +23,7 @@ from __future__ import annotations
 from functools import cached_property
 
 import numpy as np
+from numba import njit
 
 __all__ = ["Grid", "least_squares_stencil", "quadratic_stencil", "quadratic_width", "tangent_frames",
            "stencil_classes", "incidence"]
@@ -206,6 +207,13 @@ class Grid:
         The stage kernel stores each cell's outflow through each of its faces at slot i * K + k; the
         inflow through that face is the outflow stored at this index, so every face's flux is computed
         once and enters the two cells with opposite signs (exact conservation)."""
+        out, ok = _inflow_slots(self.cell_faces, self.cell_face_sign, self.owner, self.neighbour)
+        if not ok:  # pragma: no cover - a broken incidence table
+            raise RuntimeError("cell_faces is not symmetric: a face is missing from a neighbour's list")
+        return out
+
+    def _cell_inflow_numpy(self) -> np.ndarray:
+        """:attr:`cell_inflow` in NumPy (the twin of the Numba loop, for the tests; 3-4x its time)."""
         faces, sign = self.cell_faces, self.cell_face_sign
         N, K = faces.shape
         cells = np.arange(N)[:, None]
@@ -583,6 +591,31 @@ def source_weights(grid, f: np.ndarray) -> np.ndarray:
     theta = np.where(worst > 0, np.minimum(1.0, np.maximum(f, 0.0) / np.where(worst > 0, worst, 1.0)), 0.0)
     w = (grid.areas / P)[:, None] * (f[:, None] + theta[:, None] * dv)
     return np.maximum(w, 0.0).reshape(-1)
+
+
+@njit(cache=True)
+def _inflow_slots(faces, sign, owner, neigh):
+    """(slots (N, K) int32, ok): :attr:`Grid.cell_inflow` by a loop over the cells' face slots (an adaptive
+    grid makes it at every regrid); ok is False where a face is missing from its other cell's list."""
+    N, K = faces.shape
+    out = np.empty((N, K), np.int32)
+    for i in range(N):
+        for k in range(K):
+            s = sign[i, k]
+            if s == 0:
+                out[i, k] = i * K + k
+                continue
+            fc = faces[i, k]
+            j = neigh[fc] if owner[fc] == i else owner[fc]
+            slot = -1
+            for kk in range(K):
+                if faces[j, kk] == fc and sign[j, kk] == -s:
+                    slot = kk
+                    break
+            if slot < 0:
+                return out, False
+            out[i, k] = j * K + slot
+    return out, True
 
 
 def tangent_frames(xbar: np.ndarray) -> np.ndarray:
