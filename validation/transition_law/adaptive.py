@@ -144,12 +144,33 @@ def ladder_section(rows) -> list[str]:
         p, q = rs[-2], rs[-1]
         se, sf = step(p["t_exit"], q["t_exit"]), step(p["t_EF"], q["t_EF"])
         law = a_law + math.log(1 / eps) / math.tanh(30.0)
-        yes = ["yes" if s is not None and s <= CONVERGED else "NO" for s in (se, sf)]
+        def none_both(k):
+            return all(r[k] is None or not np.isfinite(r[k]) for r in (p, q))
+
+        yes = ["none by T at both" if none_both(k) else ("yes" if s is not None and s <= CONVERGED else "NO")
+               for k, s in (("t_exit", se), ("t_EF", sf))]
         fs = lambda s: "-" if s is None else f"{s:.1%}"
         ft = lambda x: "none" if x is None or not np.isfinite(x) else f"{x:.2f}"
         L.append(f"| {eps:.0e} | {p['nside_max']} -> {q['nside_max']} | {ft(p['t_exit'])} -> {ft(q['t_exit'])} | "
                  f"{fs(se)} | {ft(p['t_EF'])} -> {ft(q['t_EF'])} | {fs(sf)} | {yes[0]} / {yes[1]} | {law:.2f} | "
                  f"{q['t_exit'] / law:.3f} |")
+    # the converged exits (the anchor and every eps whose last step meets the bar), fitted by t = a + b log(1/eps)
+    conv = [(eps0, t0, f"fig4 nside_max {anchor['nside_max']}")]
+    for eps in sorted({r["eps"] for r in rows}, reverse=True):
+        rs = sorted((r for r in rows if r["eps"] == eps), key=lambda r: r["nside_max"])
+        if len(rs) >= 2:
+            s = step(rs[-2]["t_exit"], rs[-1]["t_exit"])
+            if s is not None and s <= CONVERGED:
+                conv.append((eps, rs[-1]["t_exit"], f"nside_max {rs[-1]['nside_max']}"))
+    if len(conv) >= 2:
+        x = np.array([math.log(1 / e) for e, _, _ in conv])
+        y = np.array([v for _, v, _ in conv])
+        b_fit, a_fit = np.polyfit(x, y, 1)
+        res = np.abs(y - (a_fit + b_fit * x)).max()
+        L += ["", "The converged exits: " + ", ".join(f"eps {e:g}: {v:.2f} ({src})" for e, v, src in conv)
+              + f". Least squares over them: t_exit = {a_fit:.3f} + {b_fit:.3f} log(1 / eps) (largest residual "
+              f"{res:.3f}), over {math.log10(conv[0][0] / conv[-1][0]):.1f} decades of eps; the two-cluster "
+              f"reduction's slope is 1 / tanh(30) = {1 / math.tanh(30.0):.3f}."]
     eps_all = sorted({r["eps"] for r in rows}, reverse=True)
     L += ["", f"Slope b of t_exit against log(1 / eps) (two-cluster: 1 / tanh(30) = {1 / math.tanh(30.0):.3f}); from "
           f"eps = {eps0:g} uses its converged exit {t0:.2f}:", "",
