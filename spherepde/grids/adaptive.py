@@ -447,7 +447,7 @@ class AdaptiveHealpixGrid(Grid):
         # the cell quadrature (N x 32 points at cell_order 4: 113 MB at 147k cells) is not kept: the mean
         # positions of the cells kept are copied, the new cells' computed from their own points, and
         # ``cell_points`` is made when asked for (initial averages, second moments). Copying the points at
-        # every regrid was a third of its time.
+        # every regrid was about a fifth of adapt()'s time at 147k cells (0.58 -> 0.47 s).
         xbar = np.empty((N, 3))
         if have.any():
             centers[have] = _reuse.centers[old[have]]

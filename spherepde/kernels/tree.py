@@ -537,9 +537,9 @@ def evaluate(tdepth, tstart, tend, UtT, shift, tc, sr, sc, eptr, eS, eP, off, A,
                 # targets, as one chain of FMAs per sum (the same operations in the same order as one degree
                 # a pass: the same bits, checked on the benchmark's fields; 'reassoc' would let LLVM regroup a
                 # chain, which keeps each rounding within the bound's per-degree count), with a quarter of the
-                # loads and stores of the partial sums: one
-                # degree a pass stored 4 vectors per 4 FMAs and was bound by the stores (1.8x the speed of
-                # this loop, measured at n = 1e5, kappa 300; a pass of 8 degrees spills registers and is slower)
+                # loads and stores of the partial sums. One degree a pass stored 4 vectors per 4 FMAs and was
+                # bound by the stores (this loop is 1.8x faster, measured at n = 1e5, kappa 300; a pass of 8
+                # degrees spills registers and is slower)
                 a = P - 1
                 while a >= 3:
                     c0, c1, c2, c3 = A[o + a, 0], A[o + a, 1], A[o + a, 2], A[o + a, 3]

@@ -97,9 +97,8 @@ def ladder_rows(recs, adaptive=()) -> list[dict]:
 def adaptive_rows() -> list[dict]:
     """The adaptive ladders: adaptive.py's of the perturbed f0 (adaptive.json: per beta its levels of the
     default refinement on the default coarsest cells, or where there are none those of adaptive.py's
-    FALLBACK_LADDER; not
-    the runs that vary them) and adaptive_uniform.py's of the uniform f0 (adaptive_uniform.json, whose
-    records carry f0 "uniform"); [] where none has been run."""
+    FALLBACK_LADDER; not the runs that vary them) and adaptive_uniform.py's of the uniform f0
+    (adaptive_uniform.json, whose records carry f0 "uniform"); [] where none has been run."""
     from validation.fig4_concentration.adaptive import FALLBACK_LADDER, ladder
 
     p, u = HERE / "adaptive.json", HERE / "adaptive_uniform.json"

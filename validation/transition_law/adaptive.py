@@ -69,6 +69,11 @@ def main(argv=None):
         ds = sweep(sp_, out, quiet=True, progress=False)
         for eps in ds["eps"].values:
             m = ds.sel(eps=eps)
+            if str(m["status"].values) != "done":
+                # a failed member: said, and skipped (its earlier row, if any, is kept below); rerunning the
+                # command resumes it from its checkpoint
+                print(f"nside_max {nmax}, eps {float(eps):g}: not done ({m['error'].values})", file=sys.stderr)
+                continue
             r = load(out / str(m["results_file"].values))
             g = r.grid_at(len(r.times) - 1)
             mass = r.density[-1] * g.areas
@@ -110,58 +115,59 @@ def main(argv=None):
     print("\n".join(L))
 
 
-#: The issue's bar for a converged time: the last two levels within 2 %.
-CONVERGED = 0.02
+def _finite(x) -> bool:
+    return x is not None and bool(np.isfinite(x))
 
 
 def ladder_section(rows) -> list[str]:
     """The ladder read off the rows: per eps, the step between the last two levels in t_exit and t_EF against
-    the 2 % bar, the two-cluster law t = a + log(1 / eps) / tanh(beta) anchored at the converged exit of
-    eps = 0.05 (fig4_concentration/ladder.csv, its finest beta-30 level), and the slope b between the amplitudes
-    at each level where both left E."""
+    the issue's bar (fig4_concentration's BAR), the two-cluster law t = a + log(1 / eps) / tanh(beta) anchored
+    at the converged exit of eps = 0.05 (fig4_concentration/ladder.csv, its finest level at this beta), a
+    least-squares fit over the converged exits, and the slope b between the amplitudes at each level."""
     import csv
     import math
 
+    from validation.fig4_concentration.adaptive import BAR
+
+    beta = float(tomllib.loads((HERE / "sweep.toml").read_text())["set"]["model.beta"])
     fig4 = [r for r in csv.DictReader(open(HERE.parent / "fig4_concentration" / "ladder.csv"))
-            if r["beta"] == "30" and r["f0"] == "perturbed" and r["t_exit"]]
+            if r["beta"] == f"{beta:g}" and r["f0"] == "perturbed" and r["t_exit"]]
     anchor = max(fig4, key=lambda r: int(r["nside_max"]))
     eps0, t0 = float(anchor["eps"]), float(anchor["t_exit"])
-    a_law = t0 - math.log(1 / eps0) / math.tanh(30.0)
+    b_law = 1 / math.tanh(beta)
+    a_law = t0 - b_law * math.log(1 / eps0)
     L = ["", "## The ladder", "",
-         f"The step between the last two levels (converged: <= {CONVERGED:.0%}, the issue's bar), and the two-cluster "
-         f"law t = a + log(1 / eps) / tanh(beta) with a = {a_law:.2f}, anchored at eps = {eps0:g}'s exit {t0:.2f} "
-         f"(fig4_concentration/ladder.csv, beta 30, nside_max {anchor['nside_max']}, converged there):", "",
-         "| eps | levels | t_exit: last two | step | t_EF: last two | step | converged (t_exit / t_EF) | law | finest / law |",
-         "|---|---|---|---|---|---|---|---|---|"]
+         f"The step between the last two levels (converged: <= {BAR['t_exit']:.0%}, the issue's bar), and the "
+         f"two-cluster law t = a + log(1 / eps) / tanh(beta) with a = {a_law:.2f}, anchored at eps = {eps0:g}'s exit "
+         f"{t0:.2f} (fig4_concentration/ladder.csv, beta {beta:g}, nside_max {anchor['nside_max']}, converged there):",
+         "", "| eps | levels | t_exit: last two | step | t_EF: last two | step | converged (t_exit / t_EF) | law | "
+         "finest / law |", "|---|---|---|---|---|---|---|---|---|"]
 
     def step(x, y):
-        return abs(y - x) / abs(y) if x is not None and y is not None and np.isfinite(x) and np.isfinite(y) else None
+        return abs(y - x) / abs(y) if _finite(x) and _finite(y) else None
 
-    for eps in sorted({r["eps"] for r in rows}, reverse=True):
+    def verdict(x, y, bar):
+        if not _finite(x) and not _finite(y):
+            return "none by T at both"
+        s = step(x, y)
+        return "yes" if s is not None and s <= bar else "NO"
+
+    fs = lambda s: "-" if s is None else f"{s:.1%}"  # noqa: E731
+    ft = lambda x: f"{x:.2f}" if _finite(x) else "none"  # noqa: E731
+    eps_all = sorted({r["eps"] for r in rows}, reverse=True)
+    conv = [(eps0, t0, f"fig4 nside_max {anchor['nside_max']}")]  # the converged exits, the anchor first
+    for eps in eps_all:
         rs = sorted((r for r in rows if r["eps"] == eps), key=lambda r: r["nside_max"])
         if len(rs) < 2:
             continue
         p, q = rs[-2], rs[-1]
-        se, sf = step(p["t_exit"], q["t_exit"]), step(p["t_EF"], q["t_EF"])
-        law = a_law + math.log(1 / eps) / math.tanh(30.0)
-        def none_both(k):
-            return all(r[k] is None or not np.isfinite(r[k]) for r in (p, q))
-
-        yes = ["none by T at both" if none_both(k) else ("yes" if s is not None and s <= CONVERGED else "NO")
-               for k, s in (("t_exit", se), ("t_EF", sf))]
-        fs = lambda s: "-" if s is None else f"{s:.1%}"
-        ft = lambda x: "none" if x is None or not np.isfinite(x) else f"{x:.2f}"
+        law = a_law + b_law * math.log(1 / eps)
+        ve, vf = verdict(p["t_exit"], q["t_exit"], BAR["t_exit"]), verdict(p["t_EF"], q["t_EF"], BAR["t_EF"])
         L.append(f"| {eps:.0e} | {p['nside_max']} -> {q['nside_max']} | {ft(p['t_exit'])} -> {ft(q['t_exit'])} | "
-                 f"{fs(se)} | {ft(p['t_EF'])} -> {ft(q['t_EF'])} | {fs(sf)} | {yes[0]} / {yes[1]} | {law:.2f} | "
-                 f"{q['t_exit'] / law:.3f} |")
-    # the converged exits (the anchor and every eps whose last step meets the bar), fitted by t = a + b log(1/eps)
-    conv = [(eps0, t0, f"fig4 nside_max {anchor['nside_max']}")]
-    for eps in sorted({r["eps"] for r in rows}, reverse=True):
-        rs = sorted((r for r in rows if r["eps"] == eps), key=lambda r: r["nside_max"])
-        if len(rs) >= 2:
-            s = step(rs[-2]["t_exit"], rs[-1]["t_exit"])
-            if s is not None and s <= CONVERGED:
-                conv.append((eps, rs[-1]["t_exit"], f"nside_max {rs[-1]['nside_max']}"))
+                 f"{fs(step(p['t_exit'], q['t_exit']))} | {ft(p['t_EF'])} -> {ft(q['t_EF'])} | "
+                 f"{fs(step(p['t_EF'], q['t_EF']))} | {ve} / {vf} | {law:.2f} | {q['t_exit'] / law:.3f} |")
+        if ve == "yes":
+            conv.append((eps, q["t_exit"], f"nside_max {q['nside_max']}"))
     if len(conv) >= 2:
         x = np.array([math.log(1 / e) for e, _, _ in conv])
         y = np.array([v for _, v, _ in conv])
@@ -170,20 +176,16 @@ def ladder_section(rows) -> list[str]:
         L += ["", "The converged exits: " + ", ".join(f"eps {e:g}: {v:.2f} ({src})" for e, v, src in conv)
               + f". Least squares over them: t_exit = {a_fit:.3f} + {b_fit:.3f} log(1 / eps) (largest residual "
               f"{res:.3f}), over {math.log10(conv[0][0] / conv[-1][0]):.1f} decades of eps; the two-cluster "
-              f"reduction's slope is 1 / tanh(30) = {1 / math.tanh(30.0):.3f}."]
-    eps_all = sorted({r["eps"] for r in rows}, reverse=True)
-    L += ["", f"Slope b of t_exit against log(1 / eps) (two-cluster: 1 / tanh(30) = {1 / math.tanh(30.0):.3f}); from "
+              f"reduction's slope is 1 / tanh({beta:g}) = {b_law:.3f}."]
+    L += ["", f"Slope b of t_exit against log(1 / eps) (two-cluster: 1 / tanh({beta:g}) = {b_law:.3f}); from "
           f"eps = {eps0:g} uses its converged exit {t0:.2f}:", "",
           "| nside_max | " + " | ".join(f"b({e0:.0e} -> {e1:.0e})" for e0, e1 in zip([eps0] + eps_all, eps_all)) + " |",
           "|---|" + "---|" * len(eps_all)]
     for n in sorted({r["nside_max"] for r in rows}):
         t = {r["eps"]: r["t_exit"] for r in rows if r["nside_max"] == n}
         t[eps0] = t0
-        cells = []
-        for e0, e1 in zip([eps0] + eps_all, eps_all):
-            x, y = t.get(e0), t.get(e1)
-            ok = x is not None and y is not None and np.isfinite(x) and np.isfinite(y)
-            cells.append(f"{(y - x) / math.log(e0 / e1):.2f}" if ok else "-")
+        cells = [f"{(t[e1] - t[e0]) / math.log(e0 / e1):.2f}" if _finite(t.get(e0)) and _finite(t.get(e1)) else "-"
+                 for e0, e1 in zip([eps0] + eps_all, eps_all)]
         L.append(f"| {n} | " + " | ".join(cells) + " |")
     return L
 
