@@ -278,3 +278,54 @@ def test_auto_skips_the_fast_transforms_for_a_while_after_they_refused_every_tar
     assert firsts[E.FAST_SKIP_EVALS + 1] == "fast_spectral"
     ev.set_state({})
     assert "fast_skip" not in ev.memory
+
+
+@pytest.mark.parametrize("budget", [1, 4000, 40000])
+def test_moments_in_batches_give_the_same_bits_within_the_budget(monkeypatch, budget):
+    """The expansions' moments formed and evaluated in batches of target leaves (TREE_MOMENT_BYTES, the memory
+    bound of the paper-scale adaptive run) give the unbatched sums bit for bit (each moment and each
+    target's sums are the same operations in the same order), and the working set follows the budget: at a
+    budget of one row every expansion above the resident depth still fits (the peak is the resident part plus
+    the largest subtree's), at the larger budgets it is at most max(budget, that peak)."""
+    rng = np.random.default_rng(5)
+    x = _clusters(20000, 300.0, rng)
+    w = rng.random(20000) + 0.5
+    w /= w.sum()
+    model = sp.Attention(P, V, 100.0, tol=1e-10)
+    ev = model.evaluator()
+    p = Targets(x, *kernel_centres(model, x), x, w)
+    whole = M._TreeSetup(ev, p)
+    F0 = whole.sums()
+    rows0 = whole.moment_rows
+    assert whole.stats[3] > 100  # expansions really used: there is something to batch
+    monkeypatch.setattr(M, "TREE_MOMENT_BYTES", 32 * budget)
+    part = M._TreeSetup(ev, p)
+    F1 = part.sums()
+    assert np.array_equal(F0, F1)
+    assert part.moment_rows < rows0  # batched: a smaller working set
+    eT, eS, eP = part.plan[:3]
+    _, _, batches = M._moment_batches(np.sort(eT), part.nmono[eP[np.argsort(eT, kind="stable")]], part.tdepth, budget)
+    assert len(batches) > 2  # the resident part and at least two batches of leaves
+    # every expansion formed exactly once, every leaf evaluated exactly once
+    formed = np.concatenate([b[0] for b in batches])
+    assert np.array_equal(np.sort(formed), np.arange(eT.shape[0]))
+    leaves = np.concatenate([np.arange(b[1], b[2]) for b in batches])
+    assert np.array_equal(leaves, np.arange(2 ** part.tdepth))
+    # the working set against an independent count: the smallest peak over the resident depths k (the
+    # expansions above k plus the heaviest subtree at depth k)
+    T = np.sort(eT)
+    sizes = part.nmono[eP[np.argsort(eT, kind="stable")]]
+    depth = np.array([int(t + 1).bit_length() - 1 for t in T])
+    peaks = []
+    for k in range(1, part.tdepth + 1):
+        anc = np.array([((t + 1) >> (dt - k)) if dt >= k else -1 for t, dt in zip(T, depth)])
+        heavy = max(sizes[anc == a].sum() for a in set(anc[anc >= 0]))
+        peaks.append(sizes[depth < k].sum() + heavy)
+    assert part.moment_rows <= max(budget, min(peaks))
+    # and within each batch the moments read (resident and the batch's own) do not overlap
+    rows, off, _ = M._moment_batches(T, sizes, part.tdepth, budget)
+    for sel, _, _ in batches[1:]:
+        idx = np.concatenate([batches[0][0], sel])
+        by = np.argsort(off[idx])
+        o, ends = off[idx][by], (off[idx] + sizes[idx])[by]
+        assert np.all(o[1:] >= ends[:-1]) and ends[-1] <= rows

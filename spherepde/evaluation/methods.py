@@ -591,6 +591,10 @@ TREE_PAIR_EPS_MAX = 1e-2
 #: The guaranteed method's cost below which "auto" does not plan the tree (seconds), and the problem size
 #: (kernel pairs) below which it never does.
 TREE_MIN_SECONDS = 0.05
+#: The dual tree's memory budget for the expansions' moments (bytes; 32 a moment row): beyond it they are
+#: formed and evaluated in batches of target leaves (:func:`_moment_batches`). Unbounded, they took ~1 GB
+#: at ~130000 cells of the paper-scale adaptive run (validation/bench_adaptive.py --paper).
+TREE_MOMENT_BYTES = 256 * 2**20
 TREE_MIN_WORK = 2e8
 
 
@@ -697,36 +701,93 @@ class _TreeSetup:
         return self._plan()[5]
 
     def sums(self) -> np.ndarray:
-        """The four shifted sums (M, 4) at the sorted targets."""
+        """The four shifted sums (M, 4) at the sorted targets. The expansions' moments are formed and evaluated
+        in batches of target leaves (:func:`_moment_batches`), so that they take at most about
+        TREE_MOMENT_BYTES at once; each moment and each target's sums are the same operations in the same
+        order whatever the batches (the same bits)."""
         _t = _tree_kernels
         eT, eS, eP, dT, dS, _ = self._plan()
         nnodes = self.tstart.shape[0]
         order = np.argsort(eT, kind="stable")
         eT, eS, eP = eT[order], eS[order], eP[order]
         eptr = np.searchsorted(eT, np.arange(nnodes + 1)).astype(np.int64)
-        sizes = self.nmono[eP]
-        off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        A = np.empty((int(off[-1]), 4))
+        rows, off, batches = _moment_batches(eT, self.nmono[eP], self.tdepth, TREE_MOMENT_BYTES // 32)
+        A = np.empty((rows, 4))
+        self.moment_rows = rows  # the moments' working set (rows of 4 doubles), for the memory tests
         # the sources and targets transposed and padded to 3 rows (d = 2: a zero row), for unit-stride loops
         YsT = np.zeros((3, self.Ys.shape[0]))
         YsT[:self.Ys.shape[1]] = self.Ys.T
         UtT = np.zeros((3, self.Ut.shape[0]))
         UtT[:self.Ut.shape[1]] = self.Ut.T
-        _t.moments(eT, eS, eP, off, self.tc, self.tr, YsT, self.ws, self.sstart, self.send, self.sc, self.sr,
-                   self.nmono, self.par, self.ax, self.inv, _tree_chebyshev(self.pmax), A)
         first = 2 ** self.tdepth - 1
         dorder = np.argsort(dT, kind="stable")
         dT, dS = dT[dorder] - first, dS[dorder]
         dptr = np.searchsorted(dT, np.arange(2 ** self.tdepth + 1)).astype(np.int64)
         F = np.empty((self.Ut.shape[0], 4))
-        _t.evaluate(self.tdepth, self.tstart, self.tend, UtT, self.shift, self.tc, self.sr,
-                    self.sc, eptr, eS, eP, off, A, dptr, dS, self.sstart, self.send, YsT, self.ws, self.nmono,
-                    self.par, self.ax, F)
+        Tm = _tree_chebyshev(self.pmax)
+        for sel, l0, l1 in batches:
+            if sel.shape[0]:
+                _t.moments(eT[sel], eS[sel], eP[sel], off[sel], self.tc, self.tr, YsT, self.ws, self.sstart,
+                           self.send, self.sc, self.sr, self.nmono, self.par, self.ax, self.inv, Tm, A)
+            if l1 > l0:
+                _t.evaluate(self.tdepth, self.tstart, self.tend, UtT, self.shift, self.tc, self.sr,
+                            self.sc, eptr, eS, eP, off, A, dptr, dS, self.sstart, self.send, YsT, self.ws,
+                            self.nmono, self.par, self.ax, F, l0, l1)
         return F
 
     def seconds(self) -> float:
         st = self.stats
         return float(st[0] / TREE_DIRECT_RATE + st[1] / TREE_TERM_RATE) + TREE_SETUP * (self.Ut.shape[0] + self.Ys.shape[0])
+
+
+def _moment_batches(eT: np.ndarray, sizes: np.ndarray, tdepth: int, budget: int):
+    """Batches of the dual tree's expansions under a memory budget. ``eT``: the expansions' target nodes
+    (heap order, sorted), ``sizes``: their moment rows, ``budget``: rows. Returns (rows of A, each
+    expansion's offset in A, [(expansions to form, first leaf, end leaf)]): evaluating the leaves l0 <= l <
+    l1 of a batch reads the moments of their own nodes and of their ancestors. Within the budget: one batch.
+    Otherwise the expansions above a depth k stay resident (formed once, first) and those of each subtree
+    at depth k are formed with their subtree's leaves, consecutive subtrees merged up to the budget, into
+    one region of A that each batch overwrites; k minimises the peak (resident plus the largest subtree)."""
+    ne = eT.shape[0]
+    total = int(sizes.sum())
+    nleaf = 1 << tdepth
+    everything = np.arange(ne)
+    if total <= budget or tdepth == 0:
+        off = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if ne else np.zeros(0, np.int64)
+        return total, off, [(everything, 0, nleaf)]
+    depth = np.floor(np.log2(eT + 1.0)).astype(np.int64)
+    best = None
+    for k in range(1, tdepth + 1):
+        deep = depth >= k
+        resident = int(sizes[~deep].sum())
+        sub = ((eT[deep] + 1) >> (depth[deep] - k)) - (1 << k)  # the depth-k ancestor, numbered within depth k
+        per = np.bincount(sub, weights=sizes[deep], minlength=1 << k)
+        peak = resident + int(per.max())
+        if best is None or peak < best[0]:
+            best = (peak, k, resident, per, sub, deep)
+    _, k, resident, per, sub, deep = best
+    cap = max(int(per.max()), budget - resident)
+    # consecutive subtrees merged while their moments fit in the cap
+    group = np.empty(1 << k, dtype=np.int64)
+    g, used = 0, 0
+    for j in range(1 << k):
+        if used + per[j] > cap and used > 0:
+            g, used = g + 1, 0
+        group[j] = g
+        used += int(per[j])
+    off = np.empty(ne, dtype=np.int64)
+    res_idx = everything[~deep]
+    off[res_idx] = np.concatenate([[0], np.cumsum(sizes[res_idx])[:-1]]) if res_idx.shape[0] else []
+    deep_idx = everything[deep]
+    bg = group[sub]
+    batches = [(res_idx, 0, 0)]
+    span = nleaf >> k  # leaves per depth-k subtree
+    for b in range(g + 1):
+        idx = deep_idx[bg == b]  # in eT order: the batch's offsets follow one another
+        off[idx] = resident + np.concatenate([[0], np.cumsum(sizes[idx])[:-1]]) if idx.shape[0] else []
+        js = np.flatnonzero(group == b)
+        batches.append((idx, int(js[0]) * span, (int(js[-1]) + 1) * span))
+    return resident + cap, off, batches
 
 
 def _tree_setup(ev, p: Targets) -> _TreeSetup:

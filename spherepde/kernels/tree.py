@@ -477,14 +477,16 @@ def moments(eT, eS, eP, off, tc, tr, YsT, ws, sstart, send, sc, sr, nmono, par, 
 
 @nb.njit(parallel=True, fastmath=_FMR, cache=True)
 def evaluate(tdepth, tstart, tend, UtT, shift, tc, sr, sc, eptr, eS, eP, off, A, dptr, dS, sstart, send, YsT, ws,
-             nmono, par, ax, F):
-    """F[i] = the shifted sums at every target, parallel over the target leaves: each leaf takes the
-    expansions of its ancestors (and its own) and its direct leaf pairs. ``eptr``/``dptr``: CSR pointers by
-    target node into the expansions (sorted by T) and by target leaf into the direct pairs."""
+             nmono, par, ax, F, l0, l1):
+    """F[i] = the shifted sums at the targets of the leaves l0 <= l < l1 (numbered from the first leaf),
+    parallel over those leaves: each leaf takes the expansions of its ancestors (and its own) and its direct
+    leaf pairs. ``eptr``/``dptr``: CSR pointers by target node into the expansions (sorted by T) and by
+    target leaf into the direct pairs; only the expansions of those leaves and their ancestors are read from
+    ``A`` (the caller's batches, :meth:`spherepde.evaluation.methods._TreeSetup.sums`)."""
     d = tc.shape[1]
     first = (1 << tdepth) - 1
-    nleaf = 1 << tdepth
-    for l in nb.prange(nleaf):
+    for lb in nb.prange(l1 - l0):
+        l = l0 + lb
         leaf = first + l
         i0, i1 = tstart[leaf], tend[leaf]
         n = i1 - i0
