@@ -6,7 +6,7 @@ import pytest
 from scipy.spatial.transform import Rotation
 
 import spherepde as sp
-from spherepde.grids.adaptive import AdaptiveHealpixGrid, nest_to_uniq, transfer, uniq_to_nest
+from spherepde.grids.adaptive import AdaptiveHealpixGrid, Refinement, nest_to_uniq, transfer, uniq_to_nest
 from spherepde.grids.healpix import _EDGES, edge_quadrature
 from test_healpix import lin_div, lin_field  # the linear tangent field and its exact divergence
 
@@ -676,3 +676,45 @@ def test_solver_hands_the_kernels_to_the_attended_refinement():
             m = np.asarray(res.density[i]) * gi.areas
             assert abs(m.sum() / (np.asarray(res.density[0]) * res.grid_at(0).areas).sum() - 1) < 1e-13
     assert orders[False] == [2, 2] and orders[True] == [4, 4]
+
+
+def test_a_regrid_drops_the_pooled_moments_nobody_holds():
+    """Before a regrid builds the new grid beside the old one, the moment arrays pooled for reuse that nobody
+    holds are dropped (the paper-scale run's peak memory: up to six pairs of ~320 B a cell), those still
+    held (the state's moments, the memos) stay, and the run goes on to the bits of a run that kept them (a
+    grid at its coarsest on a uniform density: the regrids change nothing, so only the drop differs)."""
+    import spherepde.solver as solver_mod
+
+    att = sp.Attention(np.diag([-1.0, -1.0, 1.0]), np.diag([-1.0, 1.0, -2.0]), 10.0)
+    f0 = lambda x: np.full(len(x), 1 / (4 * np.pi)) * (1 + 0.1 * x[:, 0])  # noqa: E731
+
+    def free_and_held(s):
+        free = held = 0
+        for mom, side in s._pool:
+            if solver_mod._refs(mom) == solver_mod._FREE_REFS and solver_mod._refs(side) == solver_mod._FREE_REFS:
+                free += 1
+            else:
+                held += 1
+        return free, held
+
+    def run(drop):
+        s = sp.Solver(AdaptiveHealpixGrid(4, 16, refinement=Refinement(variation=1e9, attention=1e9)), att, f0,
+                      sp.Options(field_interval=4))
+        counts = []
+        for _ in range(12):
+            s.step()
+            if drop:
+                before = free_and_held(s)
+                s.n_steps, n = 0, s.n_steps  # a regrid due now (it changes nothing: no cell is flagged)
+                s._maybe_regrid()
+                s.n_steps = n
+                counts.append((before, free_and_held(s)))
+        assert s.n_regrids == 0 and s.grid.n_cells == 12 * 16
+        return s.f.copy(), s.t, counts
+
+    f1, t1, counts = run(True)
+    f2, t2, _ = run(False)
+    assert any(b[0] > 0 for b, _ in counts)  # there were free pairs to drop
+    for (free0, held0), (free1, held1) in counts:
+        assert free1 == 0 and held1 == held0
+    assert t1 == t2 and np.array_equal(f1, f2)
