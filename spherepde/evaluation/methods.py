@@ -593,8 +593,10 @@ TREE_PAIR_EPS_MAX = 1e-2
 TREE_MIN_SECONDS = 0.05
 #: The dual tree's memory budget for the expansions' moments (bytes; 32 a moment row): beyond it they are
 #: formed and evaluated in batches of target leaves (:func:`_moment_batches`). Unbounded, they took ~1 GB
-#: at ~130000 cells of the paper-scale adaptive run (validation/bench_adaptive.py --paper).
-TREE_MOMENT_BYTES = 256 * 2**20
+#: at ~130000 cells of the paper-scale adaptive run (validation/bench_adaptive.py --paper). On that run's
+#: first tree problem (131532 cells, quiet, alternated): sums 5.0-5.5 s at 128 MiB, 5.2-5.9 s at 256 MiB,
+#: 5.1-5.7 s at 32-64 MiB, 7.1 s unbounded (page faults); the process's peak 487 MiB at 128, 613 at 256.
+TREE_MOMENT_BYTES = 128 * 2**20
 TREE_MIN_WORK = 2e8
 
 
