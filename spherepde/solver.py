@@ -288,32 +288,6 @@ def _free_refs() -> int:
 
 
 _FREE_REFS = _free_refs()
-
-
-def _load_malloc_trim():
-    """glibc's ``malloc_trim`` (None elsewhere): hands the heap's free pages back to the system."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = libc.malloc_trim
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
-    return fn
-
-
-_MALLOC_TRIM = _load_malloc_trim()
-
-
-def _trim_heap():
-    """Return the freed heap to the system after a regrid. Why: the old grid's arrays (and the pool's) are
-    freed, but the allocator keeps the heap they came from, so that the process's memory only grows as the
-    cell count changes (paper-scale adaptive run, validation/bench_adaptive.py --paper: the resident set
-    between steps was ~500 MB above the arrays alive at ~170000 cells). A no-op where glibc is absent."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 _STEP_KEYS = ("dt", "error", "rejected", "field_error", "field_bound")
 
 
@@ -440,8 +414,6 @@ class Solver:
         self._set_grid(grid)
         self.n_regrids += 1
         self._move_history(old, history)
-        del old, history
-        _trim_heap()
 
     def _move_history(self, old, history):
         """Carry the field history of ``field_interval`` (the heads' means at the cell centres) from the grid
