@@ -397,12 +397,7 @@ class Solver:
         # the pooled moment arrays nobody holds, and the heads' face weights, are dropped before the new grid
         # is built beside the old one (a changed grid's go anyway; an unchanged one's are remade on demand): up
         # to _POOL pairs of ~320 B a cell and ~290 B a cell a head would otherwise add to the regrid's peak
-        held = []
-        for mom, side in self._pool:  # the pattern _FREE_REFS was measured in (and _moment_arrays tests)
-            if not (_refs(mom) == _FREE_REFS and _refs(side) == _FREE_REFS):
-                held.append((mom, side))
-        self._pool = held
-        mom = side = None
+        self._drop_free_moments()
         self._vtw = {}  # (remade on demand: one product of the face normals by V)
         out = self.grid.regrid(self.f, attention_scale(self._active), quadratic=self.options.scheme == "quadratic",
                                kernels=attention_kernels(self._active))
@@ -841,6 +836,15 @@ class Solver:
         fv.face_side_moments(a, a_prev, c, grid.face_points, grid.xbar, grid.tangent_basis, grid.owner,
                              grid.neighbour, grid.face_slots, mom, side)
         return mom, side
+
+    def _drop_free_moments(self):
+        """Drop the pooled moment pairs nobody holds (the test of :meth:`_moment_arrays`, in the loop pattern
+        _FREE_REFS was measured in); the held ones stay pooled."""
+        held = []
+        for mom, side in self._pool:
+            if not (_refs(mom) == _FREE_REFS and _refs(side) == _FREE_REFS):
+                held.append((mom, side))
+        self._pool = held
 
     def _moment_arrays(self):
         """Face moments (F, 2 + 2d) and cell-major moments (N, K, 1 + d[+ quadratic]) to be filled, the

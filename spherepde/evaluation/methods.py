@@ -742,6 +742,12 @@ class _TreeSetup:
         return float(st[0] / TREE_DIRECT_RATE + st[1] / TREE_TERM_RATE) + TREE_SETUP * (self.Ut.shape[0] + self.Ys.shape[0])
 
 
+def _starts(sizes: np.ndarray) -> np.ndarray:
+    """Where consecutive blocks of ``sizes`` rows start (the exclusive prefix sums; empty for none)."""
+    sizes = np.asarray(sizes, np.int64)
+    return np.cumsum(sizes) - sizes
+
+
 def _moment_batches(eT: np.ndarray, sizes: np.ndarray, tdepth: int, budget: int):
     """Batches of the dual tree's expansions under a memory budget. ``eT``: the expansions' target nodes
     (heap order, sorted), ``sizes``: their moment rows, ``budget``: rows. Returns (rows of A, each
@@ -755,8 +761,7 @@ def _moment_batches(eT: np.ndarray, sizes: np.ndarray, tdepth: int, budget: int)
     nleaf = 1 << tdepth
     everything = np.arange(ne)
     if total <= budget or tdepth == 0:
-        off = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if ne else np.zeros(0, np.int64)
-        return total, off, [(everything, 0, nleaf)]
+        return total, _starts(sizes), [(everything, 0, nleaf)]
     depth = np.floor(np.log2(eT + 1.0)).astype(np.int64)
     best = None
     for k in range(1, tdepth + 1):
@@ -779,14 +784,14 @@ def _moment_batches(eT: np.ndarray, sizes: np.ndarray, tdepth: int, budget: int)
         used += int(per[j])
     off = np.empty(ne, dtype=np.int64)
     res_idx = everything[~deep]
-    off[res_idx] = np.concatenate([[0], np.cumsum(sizes[res_idx])[:-1]]) if res_idx.shape[0] else []
+    off[res_idx] = _starts(sizes[res_idx])
     deep_idx = everything[deep]
     bg = group[sub]
     batches = [(res_idx, 0, 0)]
     span = nleaf >> k  # leaves per depth-k subtree
     for b in range(g + 1):
         idx = deep_idx[bg == b]  # in eT order: the batch's offsets follow one another
-        off[idx] = resident + np.concatenate([[0], np.cumsum(sizes[idx])[:-1]]) if idx.shape[0] else []
+        off[idx] = resident + _starts(sizes[idx])
         js = np.flatnonzero(group == b)
         batches.append((idx, int(js[0]) * span, (int(js[-1]) + 1) * span))
     return resident + cap, off, batches

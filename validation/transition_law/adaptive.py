@@ -95,9 +95,6 @@ def main(argv=None):
     rows.sort(key=lambda r: (-r["eps"], r["nside_max"]))
     (HERE / "adaptive.json").write_text(json.dumps({"nside_min": NSIDE_MIN, "rows": rows}, indent=1))
 
-    def fmt(x):
-        return "none" if x is None or not np.isfinite(x) else f"{x:.2f}"
-
     L = ["# The transition law on an adaptive grid (validation/transition_law/adaptive.py)", "",
          f"beta 30, the study's perturbed f0, T = 35, AdaptiveHealpixGrid({NSIDE_MIN}, nside_max) with the "
          "default refinement; beside it the uniform grids of results.json.", "",
@@ -106,10 +103,10 @@ def main(argv=None):
          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         u = {row["nside"]: row["t_exit"] for row in uniform if row["eps"] == r["eps"]}
-        L.append(f"| {r['eps']:.0e} | {r['nside_max']} | {fmt(r['t_exit'])} | {fmt(r['t_EF'])} | "
+        L.append(f"| {r['eps']:.0e} | {r['nside_max']} | {_fmt(r['t_exit'])} | {_fmt(r['t_EF'])} | "
                  f"{' / '.join(f'{a:.3f}' for a in r['final_align'])} | {r['cells_max']} / {r['cells_T']} | "
                  f"{r['top_two_share']:.4f} | {r['steps']} | {r['wall_s']:.0f} | {r['mass_drift']:.1e} | {r['min']:.1e} | "
-                 + " / ".join(fmt(u.get(n)) if n in u else "-" for n in (16, 32, 64)) + " |")
+                 + " / ".join(_fmt(u.get(n)) if n in u else "-" for n in (16, 32, 64)) + " |")
     L += ladder_section(rows)
     (HERE / "adaptive.md").write_text("\n".join(L) + "\n")
     print("\n".join(L))
@@ -117,6 +114,11 @@ def main(argv=None):
 
 def _finite(x) -> bool:
     return x is not None and bool(np.isfinite(x))
+
+
+def _fmt(x) -> str:
+    """A time to two decimals, "none" where it does not occur."""
+    return f"{x:.2f}" if _finite(x) else "none"
 
 
 def ladder_section(rows) -> list[str]:
@@ -153,7 +155,6 @@ def ladder_section(rows) -> list[str]:
         return "yes" if s is not None and s <= bar else "NO"
 
     fs = lambda s: "-" if s is None else f"{s:.1%}"  # noqa: E731
-    ft = lambda x: f"{x:.2f}" if _finite(x) else "none"  # noqa: E731
     eps_all = sorted({r["eps"] for r in rows}, reverse=True)
     conv = [(eps0, t0, f"fig4 nside_max {anchor['nside_max']}")]  # the converged exits, the anchor first
     for eps in eps_all:
@@ -163,8 +164,8 @@ def ladder_section(rows) -> list[str]:
         p, q = rs[-2], rs[-1]
         law = a_law + b_law * math.log(1 / eps)
         ve, vf = verdict(p["t_exit"], q["t_exit"], BAR["t_exit"]), verdict(p["t_EF"], q["t_EF"], BAR["t_EF"])
-        L.append(f"| {eps:.0e} | {p['nside_max']} -> {q['nside_max']} | {ft(p['t_exit'])} -> {ft(q['t_exit'])} | "
-                 f"{fs(step(p['t_exit'], q['t_exit']))} | {ft(p['t_EF'])} -> {ft(q['t_EF'])} | "
+        L.append(f"| {eps:.0e} | {p['nside_max']} -> {q['nside_max']} | {_fmt(p['t_exit'])} -> {_fmt(q['t_exit'])} | "
+                 f"{fs(step(p['t_exit'], q['t_exit']))} | {_fmt(p['t_EF'])} -> {_fmt(q['t_EF'])} | "
                  f"{fs(step(p['t_EF'], q['t_EF']))} | {ve} / {vf} | {law:.2f} | {q['t_exit'] / law:.3f} |")
         if ve == "yes":
             conv.append((eps, q["t_exit"], f"nside_max {q['nside_max']}"))
