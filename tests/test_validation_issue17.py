@@ -448,3 +448,49 @@ def test_fig4_uniform_f0_on_adaptive_grids_on_disk():
         for w in U.W2_LEVELS:
             assert last[f"t_w2_{w:g}"] is not None and last[f"t_w2_{w:g}"] <= U.BAR, (beta, w, last)
     assert mod.adaptive_rows()  # the ladder.csv test reads these rows too
+
+
+def test_transition_law_adaptive_ladder_fits_only_the_small_amplitudes():
+    """validation/transition_law/adaptive.py's ladder section on synthetic rows (no run): a pair of levels
+    within the 2 % bar counts as converged; the law t = a + b log(1 / eps) is fitted over the converged exits
+    at and below the anchor's eps (fig4's converged 0.05) and recovers the two-cluster line the rows were made
+    on; a converged exit at a larger amplitude (here off the line by 0.5) is reported beside the law, not
+    fitted (fitted, it would move b by ~0.1), and counts in the span of decades."""
+    import math
+    import re
+
+    from validation.transition_law import adaptive as mod
+
+    import csv
+
+    # the anchor as the section reads it: fig4's finest converged beta-30 exit
+    fig4 = [r for r in csv.DictReader(open(mod.HERE.parent / "fig4_concentration" / "ladder.csv"))
+            if r["beta"] == "30" and r["f0"] == "perturbed" and r["t_exit"]]
+    anchor = max(fig4, key=lambda r: int(r["nside_max"]))
+    b_law = 1 / math.tanh(30.0)
+    a_law = float(anchor["t_exit"]) - b_law * math.log(1 / float(anchor["eps"]))
+    law = lambda e: a_law + b_law * math.log(1 / e)  # noqa: E731
+
+    def row(eps, n, t, t_ef=float("nan")):
+        return {"eps": eps, "nside_max": n, "t_exit": t, "t_EF": t_ef}
+
+    rows = [row(1e-2, 512, law(1e-2) + 0.05), row(1e-2, 1024, law(1e-2)),
+            row(1e-3, 1024, law(1e-3) + 0.02, 22.0), row(1e-3, 2048, law(1e-3), 22.1),
+            # t_exit 7 % apart: not converged, not fitted; t_EF 0.4 %: converged
+            row(1e-4, 2048, law(1e-4) + 1.0, 27.0), row(1e-4, 4096, law(1e-4), 26.9),
+            row(0.5, 256, law(0.5) + 0.51, 15.0), row(0.5, 512, law(0.5) + 0.5, 18.0)]  # t_EF 17 %: not
+    text = "\n".join(mod.ladder_section(rows))
+    fit = re.search(r"t_exit = ([0-9.]+) \+ ([0-9.]+) log\(1 / eps\) \(largest residual ([0-9.]+)\), over ([0-9.]+) "
+                    r"decades", text)
+    a_fit, b_fit, res, dec = (float(g) for g in fit.groups())
+    # the anchor lies on the law by construction (a_law is made from it), the rows are on it: exact to the
+    # three decimals printed
+    assert abs(b_fit - b_law) <= 1e-3 and abs(a_fit - a_law) <= 2e-3 and res <= 1e-3
+    assert dec == 1.7  # 0.05 -> 1e-3; 1e-4 is not converged
+    assert "over 2.7 decades of eps" in text  # all converged exits: 0.5 -> 1e-3
+    assert re.search(r"eps 0\.5: %.2f, the law %.2f" % (law(0.5) + 0.5, law(0.5)), text)
+    assert "| 1e-04 | 2048 -> 4096 |" in text and "NO / yes" in text.split("| 1e-04 | 2048 -> 4096 |")[1].split("\n")[0]
+    # the converged t_EF (1e-3 and 1e-4, not 0.5) and the line through them: b = (26.9 - 22.1) / ln 10
+    assert "The converged t_EF: eps 0.001: 22.10 (nside_max 2048), eps 0.0001: 26.90 (nside_max 4096)" in text
+    b_ef = float(re.search(r"t_EF = [0-9.]+ \+ ([0-9.]+) log", text).group(1))
+    assert abs(b_ef - 4.8 / math.log(10.0)) <= 5e-3

@@ -103,17 +103,85 @@ def main(argv=None):
          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         u = {row["nside"]: row["t_exit"] for row in uniform if row["eps"] == r["eps"]}
-        L.append(f"| {r['eps']:.0e} | {r['nside_max']} | {_fmt(r['t_exit'])} | {_fmt(r['t_EF'])} | "
+        L.append(f"| {_e(r['eps'])} | {r['nside_max']} | {_fmt(r['t_exit'])} | {_fmt(r['t_EF'])} | "
                  f"{' / '.join(f'{a:.3f}' for a in r['final_align'])} | {r['cells_max']} / {r['cells_T']} | "
                  f"{r['top_two_share']:.4f} | {r['steps']} | {r['wall_s']:.0f} | {r['mass_drift']:.1e} | {r['min']:.1e} | "
                  + " / ".join(_fmt(u.get(n)) if n in u else "-" for n in (16, 32, 64)) + " |")
     L += ladder_section(rows)
+    L += ["", "![t_exit and t_EF against log(1 / eps) per finest level](adaptive_law.png)"]
     (HERE / "adaptive.md").write_text("\n".join(L) + "\n")
+    plot(rows, HERE / "adaptive_law.png")
     print("\n".join(L))
+
+
+def plot(rows, path):
+    """t_exit (filled) and t_EF (open) against log(1 / eps), one colour per finest level, the finest level of
+    each eps ringed where its step from the level below meets the bar; the two-cluster law through the anchor
+    (fig4's converged eps 0.05 exit, drawn as a star)."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from validation.fig4_concentration.adaptive import BAR
+
+    a_law, b_law, eps0, t0, beta, _ = _law()
+    levels = sorted({r["nside_max"] for r in rows})
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    for c, n in enumerate(levels):
+        sel = sorted((r for r in rows if r["nside_max"] == n), key=lambda r: -r["eps"])
+        X = [math.log(1 / r["eps"]) for r in sel]
+        ax.plot(X, [r["t_exit"] if _finite(r["t_exit"]) else np.nan for r in sel], "o-", color=f"C{c % 10}",
+                ms=4, lw=1, label=f"nside_max {n}")
+        ax.plot(X, [r["t_EF"] if _finite(r["t_EF"]) else np.nan for r in sel], "o--", color=f"C{c % 10}",
+                mfc="none", ms=4, lw=0.7)
+    for eps in sorted({r["eps"] for r in rows}):
+        rs = sorted((r for r in rows if r["eps"] == eps), key=lambda r: r["nside_max"])
+        if len(rs) < 2:
+            continue
+        for key in ("t_exit", "t_EF"):
+            p, q = rs[-2][key], rs[-1][key]
+            if _finite(p) and _finite(q) and abs(q - p) / abs(q) <= BAR[key]:
+                ax.plot(math.log(1 / eps), q, "o", ms=11, mfc="none", mec="k", mew=1.2)
+    X = np.linspace(0.0, math.log(1e5), 2)
+    ax.plot(X, a_law + b_law * X, "k:", lw=1, label=f"two-cluster law a + log(1/eps) / tanh(beta), a = {a_law:.2f}")
+    ax.plot(math.log(1 / eps0), t0, "k*", ms=10, label=f"eps {eps0:g}: fig4's converged exit")
+    ax.plot([], [], "ko", ms=11, mfc="none", label=f"converged (last two levels within {BAR['t_exit']:.0%})")
+    ax.plot([], [], "ko--", mfc="none", ms=4, lw=0.7, label="t_EF (filled: t_exit)")
+    ax.set_xlabel("log(1 / eps)")
+    ax.set_ylabel("time")
+    ax.set_title(f"beta {beta:g}, AdaptiveHealpixGrid({NSIDE_MIN}, nside_max): exit from E and E -> F against "
+                 "the amplitude", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _law():
+    """(a, b, eps0, t0, beta, anchor row): the two-cluster law t = a + b log(1 / eps), b = 1 / tanh(beta), anchored
+    at the converged exit t0 of fig4's finest level (ladder.csv) at this study's beta (eps0 = 0.05)."""
+    import csv
+    import math
+
+    beta = float(tomllib.loads((HERE / "sweep.toml").read_text())["set"]["model.beta"])
+    fig4 = [r for r in csv.DictReader(open(HERE.parent / "fig4_concentration" / "ladder.csv"))
+            if r["beta"] == f"{beta:g}" and r["f0"] == "perturbed" and r["t_exit"]]
+    anchor = max(fig4, key=lambda r: int(r["nside_max"]))
+    eps0, t0 = float(anchor["eps"]), float(anchor["t_exit"])
+    b = 1 / math.tanh(beta)
+    return t0 - b * math.log(1 / eps0), b, eps0, t0, beta, anchor
 
 
 def _finite(x) -> bool:
     return x is not None and bool(np.isfinite(x))
+
+
+def _e(eps) -> str:
+    """An amplitude in the tables: 1e-03, 6.5e-05 (the digits it has, no more)."""
+    return np.format_float_scientific(eps, trim="-", exp_digits=2)
 
 
 def _fmt(x) -> str:
@@ -126,18 +194,11 @@ def ladder_section(rows) -> list[str]:
     the issue's bar (fig4_concentration's BAR), the two-cluster law t = a + log(1 / eps) / tanh(beta) anchored
     at the converged exit of eps = 0.05 (fig4_concentration/ladder.csv, its finest level at this beta), a
     least-squares fit over the converged exits, and the slope b between the amplitudes at each level."""
-    import csv
     import math
 
     from validation.fig4_concentration.adaptive import BAR
 
-    beta = float(tomllib.loads((HERE / "sweep.toml").read_text())["set"]["model.beta"])
-    fig4 = [r for r in csv.DictReader(open(HERE.parent / "fig4_concentration" / "ladder.csv"))
-            if r["beta"] == f"{beta:g}" and r["f0"] == "perturbed" and r["t_exit"]]
-    anchor = max(fig4, key=lambda r: int(r["nside_max"]))
-    eps0, t0 = float(anchor["eps"]), float(anchor["t_exit"])
-    b_law = 1 / math.tanh(beta)
-    a_law = t0 - b_law * math.log(1 / eps0)
+    a_law, b_law, eps0, t0, beta, anchor = _law()
     L = ["", "## The ladder", "",
          f"The step between the last two levels (converged: <= {BAR['t_exit']:.0%}, the issue's bar), and the "
          f"two-cluster law t = a + log(1 / eps) / tanh(beta) with a = {a_law:.2f}, anchored at eps = {eps0:g}'s exit "
@@ -157,6 +218,7 @@ def ladder_section(rows) -> list[str]:
     fs = lambda s: "-" if s is None else f"{s:.1%}"  # noqa: E731
     eps_all = sorted({r["eps"] for r in rows}, reverse=True)
     conv = [(eps0, t0, f"fig4 nside_max {anchor['nside_max']}")]  # the converged exits, the anchor first
+    conv_ef = []  # the converged t_EF (fig4's anchor has none by its T = 20)
     for eps in eps_all:
         rs = sorted((r for r in rows if r["eps"] == eps), key=lambda r: r["nside_max"])
         if len(rs) < 2:
@@ -164,29 +226,55 @@ def ladder_section(rows) -> list[str]:
         p, q = rs[-2], rs[-1]
         law = a_law + b_law * math.log(1 / eps)
         ve, vf = verdict(p["t_exit"], q["t_exit"], BAR["t_exit"]), verdict(p["t_EF"], q["t_EF"], BAR["t_EF"])
-        L.append(f"| {eps:.0e} | {p['nside_max']} -> {q['nside_max']} | {_fmt(p['t_exit'])} -> {_fmt(q['t_exit'])} | "
+        L.append(f"| {_e(eps)} | {p['nside_max']} -> {q['nside_max']} | {_fmt(p['t_exit'])} -> {_fmt(q['t_exit'])} | "
                  f"{fs(step(p['t_exit'], q['t_exit']))} | {_fmt(p['t_EF'])} -> {_fmt(q['t_EF'])} | "
                  f"{fs(step(p['t_EF'], q['t_EF']))} | {ve} / {vf} | {law:.2f} | {q['t_exit'] / law:.3f} |")
         if ve == "yes":
             conv.append((eps, q["t_exit"], f"nside_max {q['nside_max']}"))
-    if len(conv) >= 2:
-        x = np.array([math.log(1 / e) for e, _, _ in conv])
-        y = np.array([v for _, v, _ in conv])
+        if vf == "yes":
+            conv_ef.append((eps, q["t_EF"], f"nside_max {q['nside_max']}"))
+    conv.sort(key=lambda c: -c[0])
+    # the law is the small-amplitude one (the perturbation's growth linearised about E): it is fitted over the
+    # converged exits at and below the anchor's eps; larger amplitudes are set beside it, not fitted
+    small = [c for c in conv if c[0] <= eps0]
+    if len(small) >= 2:
+        x = np.array([math.log(1 / e) for e, _, _ in small])
+        y = np.array([v for _, v, _ in small])
         b_fit, a_fit = np.polyfit(x, y, 1)
         res = np.abs(y - (a_fit + b_fit * x)).max()
         L += ["", "The converged exits: " + ", ".join(f"eps {e:g}: {v:.2f} ({src})" for e, v, src in conv)
-              + f". Least squares over them: t_exit = {a_fit:.3f} + {b_fit:.3f} log(1 / eps) (largest residual "
-              f"{res:.3f}), over {math.log10(conv[0][0] / conv[-1][0]):.1f} decades of eps; the two-cluster "
-              f"reduction's slope is 1 / tanh({beta:g}) = {b_law:.3f}."]
+              + f", over {math.log10(conv[0][0] / conv[-1][0]):.1f} decades of eps. Least squares over those at "
+              f"eps <= {eps0:g}: t_exit = {a_fit:.3f} + {b_fit:.3f} log(1 / eps) (largest residual {res:.3f}), over "
+              f"{math.log10(small[0][0] / small[-1][0]):.1f} decades; the two-cluster reduction's slope is "
+              f"1 / tanh({beta:g}) = {b_law:.3f}."]
+        big = [c for c in conv if c[0] > eps0]
+        if big:
+            L += ["", "Above the anchor's amplitude (outside the linearised law's range; not fitted): " + ", ".join(
+                f"eps {e:g}: {v:.2f}, the law {a_law + b_law * math.log(1 / e):.2f}, the fit "
+                f"{a_fit + b_fit * math.log(1 / e):.2f}" for e, v, _ in big) + "."]
+    if conv_ef:
+        txt = ("The converged t_EF: " + ", ".join(f"eps {e:g}: {v:.2f} ({src})" for e, v, src in conv_ef) + "; where a "
+               "level reaches F by T = 35 at all (the rows above; 'none': not by T), t_EF is measured on tails "
+               f"carried on nside {NSIDE_MIN} cells (the refinement's floor coarsens them), which the converged value "
+               "depends on (`terminal_phase.md`).")
+        if len(conv_ef) >= 2:
+            x = np.array([math.log(1 / e) for e, _, _ in conv_ef])
+            y = np.array([v for _, v, _ in conv_ef])
+            b_ef, a_ef = np.polyfit(x, y, 1)
+            txt += (f" Through them (least squares; {len(conv_ef)} amplitudes): t_EF = {a_ef:.2f} + {b_ef:.2f} log(1 / eps), "
+                    f"so the time from the exit to F grows with log(1 / eps) at {b_ef - b_law:.2f} per e-fold as well.")
+        L += ["", txt]
+    amps = sorted(set(eps_all) | {eps0}, reverse=True)
+    pairs = list(zip(amps[:-1], amps[1:]))
     L += ["", f"Slope b of t_exit against log(1 / eps) (two-cluster: 1 / tanh({beta:g}) = {b_law:.3f}); from "
           f"eps = {eps0:g} uses its converged exit {t0:.2f}:", "",
-          "| nside_max | " + " | ".join(f"b({e0:.0e} -> {e1:.0e})" for e0, e1 in zip([eps0] + eps_all, eps_all)) + " |",
-          "|---|" + "---|" * len(eps_all)]
+          "| nside_max | " + " | ".join(f"b({_e(e0)} -> {_e(e1)})" for e0, e1 in pairs) + " |",
+          "|---|" + "---|" * len(pairs)]
     for n in sorted({r["nside_max"] for r in rows}):
         t = {r["eps"]: r["t_exit"] for r in rows if r["nside_max"] == n}
         t[eps0] = t0
         cells = [f"{(t[e1] - t[e0]) / math.log(e0 / e1):.2f}" if _finite(t.get(e0)) and _finite(t.get(e1)) else "-"
-                 for e0, e1 in zip([eps0] + eps_all, eps_all)]
+                 for e0, e1 in pairs]
         L.append(f"| {n} | " + " | ".join(cells) + " |")
     return L
 
