@@ -478,7 +478,8 @@ def test_transition_law_adaptive_ladder_fits_only_the_small_amplitudes():
             row(1e-3, 1024, law(1e-3) + 0.02, 22.0), row(1e-3, 2048, law(1e-3), 22.1),
             # t_exit 7 % apart: not converged, not fitted; t_EF 0.4 %: converged
             row(1e-4, 2048, law(1e-4) + 1.0, 27.0), row(1e-4, 4096, law(1e-4), 26.9),
-            row(0.5, 256, law(0.5) + 0.51, 15.0), row(0.5, 512, law(0.5) + 0.5, 18.0)]  # t_EF 17 %: not
+            row(0.5, 256, law(0.5) + 0.51, 15.0), row(0.5, 512, law(0.5) + 0.5, 18.0),  # t_EF 17 %: not
+            row(0.6, 128, law(0.6), 16.0), row(0.6, 256, law(0.6), 16.05)]  # t_EF converged, above eps0: not in the line
     text = "\n".join(mod.ladder_section(rows))
     fit = re.search(r"t_exit = ([0-9.]+) \+ ([0-9.]+) log\(1 / eps\) \(largest residual ([0-9.]+)\), over ([0-9.]+) "
                     r"decades", text)
@@ -487,10 +488,11 @@ def test_transition_law_adaptive_ladder_fits_only_the_small_amplitudes():
     # three decimals printed
     assert abs(b_fit - b_law) <= 1e-3 and abs(a_fit - a_law) <= 2e-3 and res <= 1e-3
     assert dec == 1.7  # 0.05 -> 1e-3; 1e-4 is not converged
-    assert "over 2.7 decades of eps" in text  # all converged exits: 0.5 -> 1e-3
+    assert "over 2.8 decades of eps" in text  # all converged exits: 0.6 -> 1e-3
     assert re.search(r"eps 0\.5: %.2f, the law %.2f" % (law(0.5) + 0.5, law(0.5)), text)
     assert "| 1e-04 | 2048 -> 4096 |" in text and "NO / yes" in text.split("| 1e-04 | 2048 -> 4096 |")[1].split("\n")[0]
     # the converged t_EF (1e-3 and 1e-4, not 0.5) and the line through them: b = (26.9 - 22.1) / ln 10
-    assert "The converged t_EF: eps 0.001: 22.10 (nside_max 2048), eps 0.0001: 26.90 (nside_max 4096)" in text
+    assert "The converged t_EF: eps 0.6: 16.05 (nside_max 256), eps 0.001: 22.10 (nside_max 2048), eps 0.0001: 26.90 " \
+        "(nside_max 4096)" in text
     b_ef = float(re.search(r"t_EF = [0-9.]+ \+ ([0-9.]+) log", text).group(1))
     assert abs(b_ef - 4.8 / math.log(10.0)) <= 5e-3

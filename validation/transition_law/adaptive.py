@@ -257,12 +257,14 @@ def ladder_section(rows) -> list[str]:
                "level reaches F by T = 35 at all (the rows above; 'none': not by T), t_EF is measured on tails "
                f"carried on nside {NSIDE_MIN} cells (the refinement's floor coarsens them), which the converged value "
                "depends on (`terminal_phase.md`).")
-        if len(conv_ef) >= 2:
-            x = np.array([math.log(1 / e) for e, _, _ in conv_ef])
-            y = np.array([v for _, v, _ in conv_ef])
+        small_ef = [c for c in conv_ef if c[0] <= eps0]  # as for t_exit: the small amplitudes only
+        if len(small_ef) >= 2:
+            x = np.array([math.log(1 / e) for e, _, _ in small_ef])
+            y = np.array([v for _, v, _ in small_ef])
             b_ef, a_ef = np.polyfit(x, y, 1)
-            txt += (f" Through them (least squares; {len(conv_ef)} amplitudes): t_EF = {a_ef:.2f} + {b_ef:.2f} log(1 / eps), "
-                    f"so the time from the exit to F grows with log(1 / eps) at {b_ef - b_law:.2f} per e-fold as well.")
+            txt += (f" Through those at eps <= {eps0:g} (least squares; {len(small_ef)} amplitudes): t_EF = {a_ef:.2f} + "
+                    f"{b_ef:.2f} log(1 / eps), so the time from the exit to F grows with log(1 / eps) at "
+                    f"{b_ef - b_law:.2f} per e-fold as well.")
         L += ["", txt]
     amps = sorted(set(eps_all) | {eps0}, reverse=True)
     pairs = list(zip(amps[:-1], amps[1:]))
