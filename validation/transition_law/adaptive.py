@@ -129,7 +129,7 @@ def plot(rows, path):
 
     a_law, b_law, eps0, t0, beta, _ = _law()
     levels = sorted({r["nside_max"] for r in rows})
-    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    fig, ax = plt.subplots(figsize=(10.0, 4.8))
     for c, n in enumerate(levels):
         sel = sorted((r for r in rows if r["nside_max"] == n), key=lambda r: -r["eps"])
         X = [math.log(1 / r["eps"]) for r in sel]
@@ -154,7 +154,7 @@ def plot(rows, path):
     ax.set_ylabel("time")
     ax.set_title(f"beta {beta:g}, AdaptiveHealpixGrid({NSIDE_MIN}, nside_max): exit from E and E -> F against "
                  "the amplitude", fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
