@@ -461,14 +461,9 @@ def test_transition_law_adaptive_ladder_fits_only_the_small_amplitudes():
 
     from validation.transition_law import adaptive as mod
 
-    import csv
-
-    # the anchor as the section reads it: fig4's finest converged beta-30 exit
-    fig4 = [r for r in csv.DictReader(open(mod.HERE.parent / "fig4_concentration" / "ladder.csv"))
-            if r["beta"] == "30" and r["f0"] == "perturbed" and r["t_exit"]]
-    anchor = max(fig4, key=lambda r: int(r["nside_max"]))
-    b_law = 1 / math.tanh(30.0)
-    a_law = float(anchor["t_exit"]) - b_law * math.log(1 / float(anchor["eps"]))
+    # the law through the anchor (fig4's finest converged beta-30 exit), as the section reads it
+    a_law, b_law, eps0, _, beta, _ = mod._law()
+    assert (eps0, beta) == (0.05, 30.0) and b_law == 1 / math.tanh(30.0)
     law = lambda e: a_law + b_law * math.log(1 / e)  # noqa: E731
 
     def row(eps, n, t, t_ef=float("nan")):

@@ -142,9 +142,9 @@ def plot(rows, path):
         if len(rs) < 2:
             continue
         for key in ("t_exit", "t_EF"):
-            p, q = rs[-2][key], rs[-1][key]
-            if _finite(p) and _finite(q) and abs(q - p) / abs(q) <= BAR[key]:
-                ax.plot(math.log(1 / eps), q, "o", ms=11, mfc="none", mec="k", mew=1.2)
+            s = _step(rs[-2][key], rs[-1][key])
+            if s is not None and s <= BAR[key]:
+                ax.plot(math.log(1 / eps), rs[-1][key], "o", ms=11, mfc="none", mec="k", mew=1.2)
     X = np.linspace(0.0, math.log(1e5), 2)
     ax.plot(X, a_law + b_law * X, "k:", lw=1, label=f"two-cluster law a + log(1/eps) / tanh(beta), a = {a_law:.2f}")
     ax.plot(math.log(1 / eps0), t0, "k*", ms=10, label=f"eps {eps0:g}: fig4's converged exit")
@@ -179,6 +179,21 @@ def _finite(x) -> bool:
     return x is not None and bool(np.isfinite(x))
 
 
+def _step(x, y):
+    """The relative step |y - x| / |y| from one level's time x to the next's y (None where either is missing)."""
+    return abs(y - x) / abs(y) if _finite(x) and _finite(y) else None
+
+
+def _fit(points):
+    """Least squares t = a + b log(1 / eps) over (eps, t, source) points: (a, b, largest residual)."""
+    import math
+
+    x = np.array([math.log(1 / e) for e, _, _ in points])
+    y = np.array([v for _, v, _ in points])
+    b, a = np.polyfit(x, y, 1)
+    return a, b, np.abs(y - (a + b * x)).max()
+
+
 def _e(eps) -> str:
     """An amplitude in the tables: 1e-03, 6.5e-05 (the digits it has, no more)."""
     return np.format_float_scientific(eps, trim="-", exp_digits=2)
@@ -206,13 +221,10 @@ def ladder_section(rows) -> list[str]:
          "", "| eps | levels | t_exit: last two | step | t_EF: last two | step | converged (t_exit / t_EF) | law | "
          "finest / law |", "|---|---|---|---|---|---|---|---|---|"]
 
-    def step(x, y):
-        return abs(y - x) / abs(y) if _finite(x) and _finite(y) else None
-
     def verdict(x, y, bar):
         if not _finite(x) and not _finite(y):
             return "none by T at both"
-        s = step(x, y)
+        s = _step(x, y)
         return "yes" if s is not None and s <= bar else "NO"
 
     fs = lambda s: "-" if s is None else f"{s:.1%}"  # noqa: E731
@@ -227,8 +239,8 @@ def ladder_section(rows) -> list[str]:
         law = a_law + b_law * math.log(1 / eps)
         ve, vf = verdict(p["t_exit"], q["t_exit"], BAR["t_exit"]), verdict(p["t_EF"], q["t_EF"], BAR["t_EF"])
         L.append(f"| {_e(eps)} | {p['nside_max']} -> {q['nside_max']} | {_fmt(p['t_exit'])} -> {_fmt(q['t_exit'])} | "
-                 f"{fs(step(p['t_exit'], q['t_exit']))} | {_fmt(p['t_EF'])} -> {_fmt(q['t_EF'])} | "
-                 f"{fs(step(p['t_EF'], q['t_EF']))} | {ve} / {vf} | {law:.2f} | {q['t_exit'] / law:.3f} |")
+                 f"{fs(_step(p['t_exit'], q['t_exit']))} | {_fmt(p['t_EF'])} -> {_fmt(q['t_EF'])} | "
+                 f"{fs(_step(p['t_EF'], q['t_EF']))} | {ve} / {vf} | {law:.2f} | {q['t_exit'] / law:.3f} |")
         if ve == "yes":
             conv.append((eps, q["t_exit"], f"nside_max {q['nside_max']}"))
         if vf == "yes":
@@ -238,10 +250,7 @@ def ladder_section(rows) -> list[str]:
     # converged exits at and below the anchor's eps; larger amplitudes are set beside it, not fitted
     small = [c for c in conv if c[0] <= eps0]
     if len(small) >= 2:
-        x = np.array([math.log(1 / e) for e, _, _ in small])
-        y = np.array([v for _, v, _ in small])
-        b_fit, a_fit = np.polyfit(x, y, 1)
-        res = np.abs(y - (a_fit + b_fit * x)).max()
+        a_fit, b_fit, res = _fit(small)
         L += ["", "The converged exits: " + ", ".join(f"eps {e:g}: {v:.2f} ({src})" for e, v, src in conv)
               + f", over {math.log10(conv[0][0] / conv[-1][0]):.1f} decades of eps. Least squares over those at "
               f"eps <= {eps0:g}: t_exit = {a_fit:.3f} + {b_fit:.3f} log(1 / eps) (largest residual {res:.3f}), over "
@@ -259,9 +268,7 @@ def ladder_section(rows) -> list[str]:
                "depends on (`terminal_phase.md`).")
         small_ef = [c for c in conv_ef if c[0] <= eps0]  # as for t_exit: the small amplitudes only
         if len(small_ef) >= 2:
-            x = np.array([math.log(1 / e) for e, _, _ in small_ef])
-            y = np.array([v for _, v, _ in small_ef])
-            b_ef, a_ef = np.polyfit(x, y, 1)
+            a_ef, b_ef, _ = _fit(small_ef)
             txt += (f" Through those at eps <= {eps0:g} (least squares; {len(small_ef)} amplitudes): t_EF = {a_ef:.2f} + "
                     f"{b_ef:.2f} log(1 / eps), so the time from the exit to F grows with log(1 / eps) at "
                     f"{b_ef - b_law:.2f} per e-fold as well.")
