@@ -491,3 +491,63 @@ def test_transition_law_adaptive_ladder_fits_only_the_small_amplitudes():
         "(nside_max 4096)" in text
     b_ef = float(re.search(r"t_EF = [0-9.]+ \+ ([0-9.]+) log", text).group(1))
     assert abs(b_ef - 4.8 / math.log(10.0)) <= 5e-3
+
+
+def test_transition_law_adaptive_other_beta_runs_beside_the_study():
+    """validation/transition_law/adaptive.py --beta: another beta's levels are sweeps of their own (a suffix in
+    the name, so the study's finished members keep theirs) with only model.beta changed."""
+    from validation.transition_law import adaptive as mod
+    assert mod.spec(128).name == "transition_law_adaptive_128"  # the study's beta: the names of before
+    assert mod.spec(128, beta=30.0).name == "transition_law_adaptive_128"
+    sp10 = mod.spec(64, [0.05, 0.5], beta=10.0)
+    assert sp10.name == "transition_law_adaptive_beta10_eps5e-02_5e-01"
+    assert mod.spec(256, beta=10.0).name == "transition_law_adaptive_beta10_256"
+    ms = sp10.members()
+    assert sorted(m.config.initial.eps for m in ms) == [0.05, 0.5]
+    for m in ms:
+        g, c = m.config.grid, m.config
+        assert (g.type, g.nside_min, g.nside_max) == ("adaptive", 16, 64)
+        assert c.model.beta == 10.0 and c.time.t_end == 35.0
+
+
+def test_transition_law_adaptive_anchors_at_its_own_converged_exit():
+    """At a beta without a converged Figure 4 exit (beta 10), the law is anchored at the ladder's own converged
+    exit of eps 0.05, which then enters the fit once (not as an anchor and again as a row); without one no law is
+    drawn and the ladder, the fit and the slopes are still reported."""
+    import math
+    import re
+
+    from validation.transition_law import adaptive as mod
+
+    a0, b0 = 3.0, 1.0 / math.tanh(10.0)
+    line = lambda e: a0 + b0 * math.log(1 / e)  # noqa: E731
+
+    def row(eps, n, t):
+        return {"eps": eps, "nside_max": n, "t_exit": t, "t_EF": float("nan")}
+
+    rows = [row(0.05, 64, line(0.05) + 0.3), row(0.05, 128, line(0.05) + 0.1), row(0.05, 256, line(0.05)),
+            row(1e-2, 128, line(1e-2) + 0.02), row(1e-2, 256, line(1e-2)),
+            row(1e-3, 128, line(1e-3) + 0.03), row(1e-3, 256, line(1e-3))]
+    law = mod._law(10.0, rows)
+    assert law is not None
+    a_law, b_law, eps0, t0, beta, anchor = law
+    assert (eps0, beta, anchor["source"], anchor["nside_max"]) == (0.05, 10.0, "ladder", 256)
+    assert abs(t0 - line(0.05)) < 1e-12 and abs(a_law - a0) < 1e-12 and b_law == b0
+    text = "\n".join(mod.ladder_section(rows, 10.0))
+    assert "this ladder's nside_max 256, converged there" in text
+    conv = text.split("The converged exits: ")[1].split(", over")[0]
+    assert conv.count("eps 0.05:") == 1, conv  # the anchor is one of the rows: once
+    a_fit, b_fit = (float(g) for g in re.search(r"t_exit = ([0-9.]+) \+ ([0-9.]+) log", text).groups())
+    assert abs(a_fit - a0) <= 1e-3 and abs(b_fit - b0) <= 1e-3
+    # each level's own 0.05 exit in the slopes (no anchor value put in its place): 128's is 0.1 above the line
+    # (1.7 %: converged to 256)
+    slope128 = text.split("| 128 | ")[1].split(" |")[0]
+    assert slope128 == f"{(line(1e-2) + 0.02 - line(0.05) - 0.1) / math.log(5):.2f}"
+    # 0.05 not converged (64 -> 128 only, 9 % apart): no law, but the table and the fit over the rest
+    rows2 = [r for r in rows if not (r["eps"] == 0.05 and r["nside_max"] == 256)]
+    rows2[1] = row(0.05, 128, line(0.05) + 0.3 + 0.5)
+    assert mod._law(10.0, rows2) is None
+    text2 = "\n".join(mod.ladder_section(rows2, 10.0))
+    assert "no two-cluster law drawn" in text2 and "| 5e-02 | 64 -> 128 |" in text2
+    assert "| yes / none by T at both | - | - |" in text2
+    assert "t_exit = " in text2  # 1e-2 and 1e-3 are converged: fitted without the anchor

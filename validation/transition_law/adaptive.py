@@ -9,9 +9,11 @@ the perturbation), for eps = 1e-3 and 1e-4: the two amplitudes that the uniform 
 t_EF, the final alignments, the cells (at most and at T), the share of the mass in the two heaviest cells
 at T and the wall time, beside the uniform rows of ``results.json``.
 
-Usage: python validation/transition_law/adaptive.py [--nside-max 64 128] [--eps 1e-3 1e-4] [--report-only]
+Usage: python validation/transition_law/adaptive.py [--nside-max 64 128] [--eps 1e-3 1e-4] [--beta 10] [--report-only]
 (writes adaptive.md and adaptive.json beside this file, keeping the rows of the (level, eps) pairs not run;
-run directories in sweep_runs/transition_law_adaptive*, not committed).
+run directories in sweep_runs/transition_law_adaptive*, not committed). ``--beta``: the same setting at another
+beta, in sweeps and files of its own (adaptive_beta10.md, .json, adaptive_law_beta10.png); its law is anchored at
+its own converged exit of eps = 0.05 where Figure 4's ladder has none at that beta.
 """
 from __future__ import annotations
 
@@ -30,20 +32,33 @@ NSIDE_MAX = [64, 128]
 EPS = [1e-3, 1e-4]
 
 
-def spec(nside_max=NSIDE_MAX[0], eps=None):
+def study_beta() -> float:
+    """The study's beta (sweep.toml: 30); other beta run beside it with ``--beta``."""
+    return float(tomllib.loads((HERE / "sweep.toml").read_text())["set"]["model.beta"])
+
+
+def suffix(beta: float) -> str:
+    """The file-name suffix of a beta's outputs: "" for the study's beta, "_beta10" for beta 10."""
+    return "" if beta == study_beta() else f"_beta{beta:g}"
+
+
+def spec(nside_max=NSIDE_MAX[0], eps=None, beta=None):
     """The sweep of one finest level (each level its own sweep, so that a level can be added later); ``eps``:
-    amplitudes other than EPS, in a sweep of their own beside the level's."""
+    amplitudes other than EPS, in a sweep of their own beside the level's; ``beta``: other than the study's,
+    in sweeps of their own (the rest of the setting unchanged)."""
     from spherepde.sweeps import parse_sweep
 
     raw = tomllib.loads((HERE / "sweep.toml").read_text())
     base = tomllib.loads((HERE.parent / "fig4_concentration" / "sweeps" / "base.toml").read_text())
     base["grid"] = {"type": "adaptive", "nside_min": NSIDE_MIN, "nside_max": int(nside_max)}
     base["initial"]["sample"] = "average"  # what an adaptive grid takes (it refines on f0, then averages)
-    name = "transition_law_adaptive" + ("" if nside_max == 64 else f"_{nside_max}")
+    beta = study_beta() if beta is None else float(beta)
+    name = "transition_law_adaptive" + suffix(beta) + ("" if nside_max == 64 else f"_{nside_max}")
     eps = EPS if eps is None else [float(e) for e in eps]
     if eps != EPS:
         name += "_eps" + "_".join(f"{e:.0e}" for e in eps)
-    return parse_sweep({"sweep": {"name": name}, "base": base, "set": raw["set"],
+    sets = dict(raw["set"], **{"model.beta": beta})
+    return parse_sweep({"sweep": {"name": name}, "base": base, "set": sets,
                         "axes": {"initial.eps": eps}}, base_dir=HERE)
 
 
@@ -55,14 +70,20 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nside-max", type=int, nargs="+", default=NSIDE_MAX, help="the finest levels (powers of 2)")
     ap.add_argument("--eps", type=float, nargs="+", default=None, help=f"the amplitudes (default {EPS})")
+    ap.add_argument("--beta", type=float, default=None,
+                    help="beta other than the study's 30, its outputs beside the study's (adaptive_beta10.md, ...)")
     ap.add_argument("--report-only", action="store_true", help="rewrite adaptive.md from adaptive.json (no runs)")
     a = ap.parse_args(argv)
-    uniform = json.loads((HERE / "results.json").read_text())["rows"]
+    beta = study_beta() if a.beta is None else float(a.beta)
+    sfx = suffix(beta)
+    # the uniform rows of this beta (results.json: the study's beta; results_beta100.json: beta 100)
+    upath = HERE / f"results{sfx}.json"
+    uniform = json.loads(upath.read_text())["rows"] if upath.exists() else []
     rows = []
     if a.report_only:
         a.nside_max = []
     for nmax in a.nside_max:
-        sp_ = spec(nmax, a.eps)
+        sp_ = spec(nmax, a.eps, beta)
         out = HERE / "sweep_runs" / sp_.name
         # the sweep's dataset has each member's alignment series, t_exit, t_EF and cell counts already
         # (spherepde.sweeps.member_record); the results file is read for the last state and the mass
@@ -88,16 +109,17 @@ def main(argv=None):
                          "mass_drift": float(abs(d["mass"][-1] / d["mass"][0] - 1)), "min": float(np.min(d["min"]))})
     # the levels not run now keep their rows (each level is a sweep of its own; a level's run directories
     # need not be on this machine)
-    if (HERE / "adaptive.json").exists():
+    jpath = HERE / f"adaptive{sfx}.json"
+    if jpath.exists():
         done = {(r["nside_max"], r["eps"]) for r in rows}
-        rows += [r for r in json.loads((HERE / "adaptive.json").read_text())["rows"]
+        rows += [r for r in json.loads(jpath.read_text())["rows"]
                  if (r["nside_max"], r["eps"]) not in done]
     rows.sort(key=lambda r: (-r["eps"], r["nside_max"]))
-    (HERE / "adaptive.json").write_text(json.dumps({"nside_min": NSIDE_MIN, "rows": rows}, indent=1))
+    jpath.write_text(json.dumps({"nside_min": NSIDE_MIN, "rows": rows}, indent=1))
 
-    L = ["# The transition law on an adaptive grid (validation/transition_law/adaptive.py)", "",
-         f"beta 30, the study's perturbed f0, T = 35, AdaptiveHealpixGrid({NSIDE_MIN}, nside_max) with the "
-         "default refinement; beside it the uniform grids of results.json.", "",
+    L = [f"# The transition law on an adaptive grid (validation/transition_law/adaptive.py{'' if not sfx else f' --beta {beta:g}'})", "",
+         f"beta {beta:g}, the study's perturbed f0, T = 35, AdaptiveHealpixGrid({NSIDE_MIN}, nside_max) with the "
+         "default refinement; beside it the uniform grids of " + (f"{upath.name}." if uniform else "(none at this beta)."), "",
          "| eps | nside_max | t_exit adaptive | t_EF | final align E / F / F_abs | cells at most / at T | top two cells' share at T | "
          "steps | wall s | mass drift | min f | t_exit uniform 16 / 32 / 64 |",
          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -107,14 +129,14 @@ def main(argv=None):
                  f"{' / '.join(f'{a:.3f}' for a in r['final_align'])} | {r['cells_max']} / {r['cells_T']} | "
                  f"{r['top_two_share']:.4f} | {r['steps']} | {r['wall_s']:.0f} | {r['mass_drift']:.1e} | {r['min']:.1e} | "
                  + " / ".join(_fmt(u.get(n)) if n in u else "-" for n in (16, 32, 64)) + " |")
-    L += ladder_section(rows)
-    L += ["", "![t_exit and t_EF against log(1 / eps) per finest level](adaptive_law.png)"]
-    (HERE / "adaptive.md").write_text("\n".join(L) + "\n")
-    plot(rows, HERE / "adaptive_law.png")
+    L += ladder_section(rows, beta)
+    L += ["", f"![t_exit and t_EF against log(1 / eps) per finest level](adaptive_law{sfx}.png)"]
+    (HERE / f"adaptive{sfx}.md").write_text("\n".join(L) + "\n")
+    plot(rows, HERE / f"adaptive_law{sfx}.png", beta)
     print("\n".join(L))
 
 
-def plot(rows, path):
+def plot(rows, path, beta=None):
     """t_exit (filled) and t_EF (open) against log(1 / eps), one colour per finest level, the finest level of
     each eps ringed where its step from the level below meets the bar; the two-cluster law through the anchor
     (fig4's converged eps 0.05 exit, drawn as a star)."""
@@ -127,7 +149,8 @@ def plot(rows, path):
 
     from validation.fig4_concentration.adaptive import BAR
 
-    a_law, b_law, eps0, t0, beta, _ = _law()
+    law = _law(beta, rows)
+    beta = study_beta() if beta is None else float(beta)
     levels = sorted({r["nside_max"] for r in rows})
     fig, ax = plt.subplots(figsize=(10.0, 4.8))
     for c, n in enumerate(levels):
@@ -145,9 +168,12 @@ def plot(rows, path):
             s = _step(rs[-2][key], rs[-1][key])
             if s is not None and s <= BAR[key]:
                 ax.plot(math.log(1 / eps), rs[-1][key], "o", ms=11, mfc="none", mec="k", mew=1.2)
-    X = np.linspace(0.0, math.log(1e5), 2)
-    ax.plot(X, a_law + b_law * X, "k:", lw=1, label=f"two-cluster law a + log(1/eps) / tanh(beta), a = {a_law:.2f}")
-    ax.plot(math.log(1 / eps0), t0, "k*", ms=10, label=f"eps {eps0:g}: fig4's converged exit")
+    if law is not None:
+        a_law, b_law, eps0, t0, _, anchor = law
+        X = np.linspace(0.0, math.log(1e5), 2)
+        ax.plot(X, a_law + b_law * X, "k:", lw=1, label=f"two-cluster law a + log(1/eps) / tanh(beta), a = {a_law:.2f}")
+        ax.plot(math.log(1 / eps0), t0, "k*", ms=10,
+                label=f"eps {eps0:g}: " + ("fig4's converged exit" if anchor["source"] == "fig4" else "the anchor"))
     ax.plot([], [], "ko", ms=11, mfc="none", label=f"converged (last two levels within {BAR['t_exit']:.0%})")
     ax.plot([], [], "ko--", mfc="none", ms=4, lw=0.7, label="t_EF (filled: t_exit)")
     ax.set_xlabel("log(1 / eps)")
@@ -160,19 +186,35 @@ def plot(rows, path):
     plt.close(fig)
 
 
-def _law():
-    """(a, b, eps0, t0, beta, anchor row): the two-cluster law t = a + b log(1 / eps), b = 1 / tanh(beta), anchored
-    at the converged exit t0 of fig4's finest level (ladder.csv) at this study's beta (eps0 = 0.05)."""
+def _law(beta=None, rows=None):
+    """(a, b, eps0, t0, beta, anchor row), or None: the two-cluster law t = a + b log(1 / eps), b = 1 / tanh(beta),
+    anchored at the converged exit t0 of eps0 = 0.05: fig4's finest level (ladder.csv) where its last two levels
+    at this beta meet the bar (beta 30), else this study's own converged exit at 0.05 among ``rows`` (the anchor
+    row then has ``source`` "ladder"); None where neither has one."""
     import csv
     import math
 
-    beta = float(tomllib.loads((HERE / "sweep.toml").read_text())["set"]["model.beta"])
-    fig4 = [r for r in csv.DictReader(open(HERE.parent / "fig4_concentration" / "ladder.csv"))
-            if r["beta"] == f"{beta:g}" and r["f0"] == "perturbed" and r["t_exit"]]
-    anchor = max(fig4, key=lambda r: int(r["nside_max"]))
-    eps0, t0 = float(anchor["eps"]), float(anchor["t_exit"])
+    from validation.fig4_concentration.adaptive import BAR
+
+    beta = study_beta() if beta is None else float(beta)
     b = 1 / math.tanh(beta)
-    return t0 - b * math.log(1 / eps0), b, eps0, t0, beta, anchor
+    eps0 = 0.05
+    fig4 = sorted((r for r in csv.DictReader(open(HERE.parent / "fig4_concentration" / "ladder.csv"))
+                   if r["beta"] == f"{beta:g}" and r["f0"] == "perturbed" and r["t_exit"]),
+                  key=lambda r: int(r["nside_max"]))
+    if len(fig4) >= 2 and float(fig4[-1]["eps"]) == eps0:
+        s = _step(float(fig4[-2]["t_exit"]), float(fig4[-1]["t_exit"]))
+        if s is not None and s <= BAR["t_exit"]:
+            anchor = dict(fig4[-1], source="fig4")
+            t0 = float(anchor["t_exit"])
+            return t0 - b * math.log(1 / eps0), b, eps0, t0, beta, anchor
+    own = sorted((r for r in rows or () if r["eps"] == eps0), key=lambda r: r["nside_max"])
+    if len(own) >= 2:
+        s = _step(own[-2]["t_exit"], own[-1]["t_exit"])
+        if s is not None and s <= BAR["t_exit"]:
+            t0 = own[-1]["t_exit"]
+            return t0 - b * math.log(1 / eps0), b, eps0, t0, beta, {"nside_max": own[-1]["nside_max"], "source": "ladder"}
+    return None
 
 
 def _finite(x) -> bool:
@@ -204,7 +246,7 @@ def _fmt(x) -> str:
     return f"{x:.2f}" if _finite(x) else "none"
 
 
-def ladder_section(rows) -> list[str]:
+def ladder_section(rows, beta=None) -> list[str]:
     """The ladder read off the rows: per eps, the step between the last two levels in t_exit and t_EF against
     the issue's bar (fig4_concentration's BAR), the two-cluster law t = a + log(1 / eps) / tanh(beta) anchored
     at the converged exit of eps = 0.05 (fig4_concentration/ladder.csv, its finest level at this beta), a
@@ -213,11 +255,20 @@ def ladder_section(rows) -> list[str]:
 
     from validation.fig4_concentration.adaptive import BAR
 
-    a_law, b_law, eps0, t0, beta, anchor = _law()
+    law = _law(beta, rows)
+    beta = study_beta() if beta is None else float(beta)
+    if law is None:  # no converged exit at eps 0.05 yet: the ladder, the fit and the slopes without the anchor
+        a_law, b_law, eps0, t0, anchor = math.nan, 1 / math.tanh(beta), 0.05, math.nan, None
+        said = (f"no two-cluster law drawn: it is anchored at the converged exit of eps = {eps0:g}, which this beta "
+                "does not have yet")
+    else:
+        a_law, b_law, eps0, t0, _, anchor = law
+        said = (f"two-cluster law t = a + log(1 / eps) / tanh(beta) with a = {a_law:.2f}, anchored at eps = {eps0:g}'s "
+                f"exit {t0:.2f} (" + (f"fig4_concentration/ladder.csv, beta {beta:g}, nside_max {anchor['nside_max']}"
+                                      if anchor["source"] == "fig4" else
+                                      f"this ladder's nside_max {anchor['nside_max']}") + ", converged there)")
     L = ["", "## The ladder", "",
-         f"The step between the last two levels (converged: <= {BAR['t_exit']:.0%}, the issue's bar), and the "
-         f"two-cluster law t = a + log(1 / eps) / tanh(beta) with a = {a_law:.2f}, anchored at eps = {eps0:g}'s exit "
-         f"{t0:.2f} (fig4_concentration/ladder.csv, beta {beta:g}, nside_max {anchor['nside_max']}, converged there):",
+         f"The step between the last two levels (converged: <= {BAR['t_exit']:.0%}, the issue's bar), and the {said}:",
          "", "| eps | levels | t_exit: last two | step | t_EF: last two | step | converged (t_exit / t_EF) | law | "
          "finest / law |", "|---|---|---|---|---|---|---|---|---|"]
 
@@ -229,18 +280,20 @@ def ladder_section(rows) -> list[str]:
 
     fs = lambda s: "-" if s is None else f"{s:.1%}"  # noqa: E731
     eps_all = sorted({r["eps"] for r in rows}, reverse=True)
-    conv = [(eps0, t0, f"fig4 nside_max {anchor['nside_max']}")]  # the converged exits, the anchor first
+    # the converged exits, fig4's anchor first (an anchor from this ladder is among its rows already)
+    conv = [(eps0, t0, f"fig4 nside_max {anchor['nside_max']}")] if anchor and anchor["source"] == "fig4" else []
     conv_ef = []  # the converged t_EF (fig4's anchor has none by its T = 20)
     for eps in eps_all:
         rs = sorted((r for r in rows if r["eps"] == eps), key=lambda r: r["nside_max"])
         if len(rs) < 2:
             continue
         p, q = rs[-2], rs[-1]
-        law = a_law + b_law * math.log(1 / eps)
+        t_law = a_law + b_law * math.log(1 / eps)
         ve, vf = verdict(p["t_exit"], q["t_exit"], BAR["t_exit"]), verdict(p["t_EF"], q["t_EF"], BAR["t_EF"])
         L.append(f"| {_e(eps)} | {p['nside_max']} -> {q['nside_max']} | {_fmt(p['t_exit'])} -> {_fmt(q['t_exit'])} | "
                  f"{fs(_step(p['t_exit'], q['t_exit']))} | {_fmt(p['t_EF'])} -> {_fmt(q['t_EF'])} | "
-                 f"{fs(_step(p['t_EF'], q['t_EF']))} | {ve} / {vf} | {law:.2f} | {q['t_exit'] / law:.3f} |")
+                 f"{fs(_step(p['t_EF'], q['t_EF']))} | {ve} / {vf} | " + ("- | - |" if anchor is None else
+                 f"{t_law:.2f} | {q['t_exit'] / t_law:.3f} |"))
         if ve == "yes":
             conv.append((eps, q["t_exit"], f"nside_max {q['nside_max']}"))
         if vf == "yes":
@@ -259,8 +312,8 @@ def ladder_section(rows) -> list[str]:
         big = [c for c in conv if c[0] > eps0]
         if big:
             L += ["", "Above the anchor's amplitude (outside the linearised law's range; not fitted): " + ", ".join(
-                f"eps {e:g}: {v:.2f}, the law {a_law + b_law * math.log(1 / e):.2f}, the fit "
-                f"{a_fit + b_fit * math.log(1 / e):.2f}" for e, v, _ in big) + "."]
+                f"eps {e:g}: {v:.2f}, " + ("" if anchor is None else f"the law {a_law + b_law * math.log(1 / e):.2f}, ")
+                + f"the fit {a_fit + b_fit * math.log(1 / e):.2f}" for e, v, _ in big) + "."]
     if conv_ef:
         txt = ("The converged t_EF: " + ", ".join(f"eps {e:g}: {v:.2f} ({src})" for e, v, src in conv_ef) + "; where a "
                "level reaches F by T = 35 at all (the rows above; 'none': not by T), t_EF is measured on tails "
@@ -276,12 +329,14 @@ def ladder_section(rows) -> list[str]:
     amps = sorted(set(eps_all) | {eps0}, reverse=True)
     pairs = list(zip(amps[:-1], amps[1:]))
     L += ["", f"Slope b of t_exit against log(1 / eps) (two-cluster: 1 / tanh({beta:g}) = {b_law:.3f}); from "
-          f"eps = {eps0:g} uses its converged exit {t0:.2f}:", "",
+          + (f"eps = {eps0:g} uses its converged exit {t0:.2f}:" if anchor and anchor["source"] == "fig4" else
+             "each level's own exits:"), "",
           "| nside_max | " + " | ".join(f"b({_e(e0)} -> {_e(e1)})" for e0, e1 in pairs) + " |",
           "|---|" + "---|" * len(pairs)]
     for n in sorted({r["nside_max"] for r in rows}):
         t = {r["eps"]: r["t_exit"] for r in rows if r["nside_max"] == n}
-        t[eps0] = t0
+        if anchor and anchor["source"] == "fig4":
+            t[eps0] = t0
         cells = [f"{(t[e1] - t[e0]) / math.log(e0 / e1):.2f}" if _finite(t.get(e0)) and _finite(t.get(e1)) else "-"
                  for e0, e1 in pairs]
         L.append(f"| {n} | " + " | ".join(cells) + " |")
