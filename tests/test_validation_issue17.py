@@ -551,3 +551,33 @@ def test_transition_law_adaptive_anchors_at_its_own_converged_exit():
     assert "no two-cluster law drawn" in text2 and "| 5e-02 | 64 -> 128 |" in text2
     assert "| yes / none by T at both | - | - |" in text2
     assert "t_exit = " in text2  # 1e-2 and 1e-3 are converged: fitted without the anchor
+
+
+def test_transition_law_across_beta_summary(tmp_path):
+    """adaptive_betas.md from every beta's adaptive*.json: the converged exits per beta, a(beta) at the anchor,
+    the slope over the small amplitudes and a(beta) against log(beta) (synthetic beta-10 rows on a known line;
+    the study's beta-30 rows as committed)."""
+    import json
+    import math
+    import re
+    import shutil
+
+    from validation.transition_law import adaptive as mod
+
+    shutil.copy(mod.HERE / "adaptive.json", tmp_path / "adaptive.json")
+    a10 = 3.5
+    line = lambda e: a10 + math.log(1 / e) / math.tanh(10.0)  # noqa: E731
+    rows = [{"eps": e, "nside_max": n, "t_exit": line(e) + (0.5 if n == 64 else 0.0), "t_EF": float("nan")}
+            for e in (0.05, 1e-2, 1e-3) for n in (64, 128, 256)]
+    # a converged large amplitude off the line: listed, not fitted (fitted, b would be ~0.93)
+    rows += [{"eps": 0.5, "nside_max": n, "t_exit": line(0.5) + 0.4, "t_EF": float("nan")} for n in (128, 256)]
+    (tmp_path / "adaptive_beta10.json").write_text(json.dumps({"nside_min": 16, "rows": rows}))
+    text = "\n".join(mod.write_betas(here=tmp_path))
+    assert (tmp_path / "adaptive_betas.md").read_text() == text + "\n"
+    r10 = [ln for ln in text.splitlines() if ln.startswith("| 10 |")][0]
+    assert "| 64, 128, 256 |" in r10 and "5e-02: %.2f (256)" % line(0.05) in r10 and "5e-01: " in r10
+    assert "| 3.500 |" in r10 and "| 1.000 (3: 5e-02 to 1e-03) |" in r10
+    r30 = [ln for ln in text.splitlines() if ln.startswith("| 30 |")][0]
+    a30 = float(r30.split(" | ")[3])
+    got = float(re.search(r"from beta 10 to 30: ([-0-9.]+) per e-fold", text).group(1))
+    assert abs(got - (a30 - a10) / math.log(3.0)) <= 1e-3

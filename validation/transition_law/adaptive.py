@@ -134,6 +134,71 @@ def main(argv=None):
     (HERE / f"adaptive{sfx}.md").write_text("\n".join(L) + "\n")
     plot(rows, HERE / f"adaptive_law{sfx}.png", beta)
     print("\n".join(L))
+    write_betas()
+
+
+def converged(rows, key="t_exit") -> dict:
+    """{eps: (finest level's value, its nside_max)} where the last two levels of eps are within the bar."""
+    from validation.fig4_concentration.adaptive import BAR
+
+    out = {}
+    for eps in {r["eps"] for r in rows}:
+        rs = sorted((r for r in rows if r["eps"] == eps), key=lambda r: r["nside_max"])
+        if len(rs) >= 2:
+            s = _step(rs[-2][key], rs[-1][key])
+            if s is not None and s <= BAR[key]:
+                out[eps] = (rs[-1][key], rs[-1]["nside_max"])
+    return out
+
+
+def write_betas(path=None, here=None):
+    """adaptive_betas.md: the law across beta from every beta's adaptive*.json (the study's and --beta runs):
+    per beta the converged exits, the law's intercept a(beta) at eps = 0.05 (t_exit - log(1 / 0.05) / tanh(beta)),
+    the least-squares slope over the converged exits at eps <= 0.05, the converged t_EF; then a(beta) against
+    log(beta)."""
+    import math
+
+    here = HERE if here is None else Path(here)
+    path = here / "adaptive_betas.md" if path is None else path
+    per = []
+    for f in sorted(here.glob("adaptive*.json")):
+        if f.name == "adaptive_betas.json":
+            continue
+        beta = study_beta() if f.stem == "adaptive" else float(f.stem.split("_beta")[1])
+        rows = json.loads(f.read_text())["rows"]
+        conv = {e: v for e, v in converged(rows).items()}
+        law = _law(beta, rows)
+        if law is not None and law[5]["source"] == "fig4":
+            conv.setdefault(law[2], (law[3], f"fig4 {law[5]['nside_max']}"))
+        per.append((beta, rows, conv, converged(rows, "t_EF"), law))
+    per.sort(key=lambda p: p[0])
+    L = ["# The transition law across beta (validation/transition_law/adaptive.py, every beta's adaptive*.json)", "",
+         "Per beta: the setting of the study (the perturbed f0, T = 35, AdaptiveHealpixGrid(16, nside_max), the default "
+         "refinement) and the issue's bar (the last two levels within 2 %). a(beta) = t_exit(0.05) - log(1 / 0.05) / "
+         "tanh(beta), the two-cluster law's intercept at its anchor; the slope b from least squares over the converged "
+         "exits at eps <= 0.05 (two-cluster: 1 / tanh(beta)).", "",
+         "| beta | levels | converged t_exit (eps: value, finest level) | a(beta) | b fitted (amplitudes) | "
+         "converged t_EF |", "|---|---|---|---|---|---|"]
+    avals = []
+    for beta, rows, conv, conv_ef, law in per:
+        lv = sorted({r["nside_max"] for r in rows})
+        ce = ", ".join(f"{_e(e)}: {v:.2f} ({n})" for e, (v, n) in sorted(conv.items(), reverse=True)) or "none"
+        a = "-" if law is None else f"{law[0]:.3f}"
+        if law is not None:
+            avals.append((beta, law[0]))
+        small = [(e, v, n) for e, (v, n) in conv.items() if e <= 0.05]
+        bf = "-"
+        if len(small) >= 2:
+            _, b, _ = _fit(small)
+            bf = f"{b:.3f} ({len(small)}: {_e(max(e for e, _, _ in small))} to {_e(min(e for e, _, _ in small))})"
+        cf = ", ".join(f"{_e(e)}: {v:.2f} ({n})" for e, (v, n) in sorted(conv_ef.items(), reverse=True)) or "none"
+        L.append(f"| {beta:g} | {', '.join(map(str, lv))} | {ce} | {a} | {bf} | {cf} |")
+    if len(avals) >= 2:
+        L += ["", "a(beta) against log(beta): " + ", ".join(
+            f"from beta {b0:g} to {b1:g}: {(a1 - a0) / math.log(b1 / b0):.3f} per e-fold of beta"
+            for (b0, a0), (b1, a1) in zip(avals[:-1], avals[1:])) + "."]
+    path.write_text("\n".join(L) + "\n")
+    return L
 
 
 def plot(rows, path, beta=None):
