@@ -571,6 +571,9 @@ def test_transition_law_across_beta_summary(tmp_path):
             for e in (0.05, 1e-2, 1e-3) for n in (64, 128, 256)]
     # a converged large amplitude off the line: listed, not fitted (fitted, b would be ~0.93)
     rows += [{"eps": 0.5, "nside_max": n, "t_exit": line(0.5) + 0.4, "t_EF": float("nan")} for n in (128, 256)]
+    for r in rows:  # F at twice the exit time at eps 1e-2 (converged 128 -> 256 like the exit)
+        if r["eps"] == 1e-2:
+            r["t_EF"] = 2.0 * r["t_exit"]
     (tmp_path / "adaptive_beta10.json").write_text(json.dumps({"nside_min": 16, "rows": rows}))
     text = "\n".join(mod.write_betas(here=tmp_path))
     assert (tmp_path / "adaptive_betas.md").read_text() == text + "\n"
@@ -579,5 +582,8 @@ def test_transition_law_across_beta_summary(tmp_path):
     assert "| 3.500 |" in r10 and "| 1.000 (3: 5e-02 to 1e-03) |" in r10
     r30 = [ln for ln in text.splitlines() if ln.startswith("| 30 |")][0]
     a30 = float(r30.split(" | ")[3])
+    assert "1e-02: 2.000" in r10  # the ratio column
+    assert re.search(r"where both times converged: 1\.99[0-9] to 2\.000 \(beta 10, eps 1e-02, beta 30, eps 1e-04\): "
+                     r"F takes over at about twice", text)
     got = float(re.search(r"from beta 10 to 30: ([-0-9.]+) per e-fold", text).group(1))
     assert abs(got - (a30 - a10) / math.log(3.0)) <= 1e-3

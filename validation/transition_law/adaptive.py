@@ -178,7 +178,7 @@ def write_betas(path=None, here=None):
          "tanh(beta), the two-cluster law's intercept at its anchor; the slope b from least squares over the converged "
          "exits at eps <= 0.05 (two-cluster: 1 / tanh(beta)).", "",
          "| beta | levels | converged t_exit (eps: value, finest level) | a(beta) | b fitted (amplitudes) | "
-         "converged t_EF |", "|---|---|---|---|---|---|"]
+         "converged t_EF | t_EF / t_exit where both converged |", "|---|---|---|---|---|---|---|"]
     avals = []
     for beta, rows, conv, conv_ef, law in per:
         lv = sorted({r["nside_max"] for r in rows})
@@ -192,11 +192,21 @@ def write_betas(path=None, here=None):
             _, b, _ = _fit(small)
             bf = f"{b:.3f} ({len(small)}: {_e(max(e for e, _, _ in small))} to {_e(min(e for e, _, _ in small))})"
         cf = ", ".join(f"{_e(e)}: {v:.2f} ({n})" for e, (v, n) in sorted(conv_ef.items(), reverse=True)) or "none"
-        L.append(f"| {beta:g} | {', '.join(map(str, lv))} | {ce} | {a} | {bf} | {cf} |")
+        ratio = ", ".join(f"{_e(e)}: {v / conv[e][0]:.3f}" for e, (v, n) in sorted(conv_ef.items(), reverse=True)
+                          if e in conv) or "-"
+        L.append(f"| {beta:g} | {', '.join(map(str, lv))} | {ce} | {a} | {bf} | {cf} | {ratio} |")
     if len(avals) >= 2:
         L += ["", "a(beta) against log(beta): " + ", ".join(
             f"from beta {b0:g} to {b1:g}: {(a1 - a0) / math.log(b1 / b0):.3f} per e-fold of beta"
             for (b0, a0), (b1, a1) in zip(avals[:-1], avals[1:])) + "."]
+    small = [(beta, e, v / conv[e][0]) for beta, _, conv, conv_ef, _ in per for e, (v, _) in conv_ef.items()
+             if e in conv and e <= 0.05]
+    if small:
+        lo, hi = min(r for *_, r in small), max(r for *_, r in small)
+        L += ["", f"t_EF / t_exit at the small amplitudes (eps <= 0.05) where both times converged: {lo:.3f} to {hi:.3f} "
+              f"({', '.join(f'beta {b:g}, eps {_e(e)}' for b, e, _ in small)}): F takes over at "
+              f"{'about twice' if 1.9 <= lo and hi <= 2.1 else 'a multiple of'} the exit time. Every t_EF rests on "
+              f"tails carried on nside {NSIDE_MIN} cells (`terminal_phase.md`)."]
     path.write_text("\n".join(L) + "\n")
     return L
 
