@@ -508,6 +508,12 @@ def test_transition_law_adaptive_other_beta_runs_beside_the_study():
         g, c = m.config.grid, m.config
         assert (g.type, g.nside_min, g.nside_max) == ("adaptive", 16, 64)
         assert c.model.beta == 10.0 and c.time.t_end == 35.0
+    # another base level (the tails' resolution): a ladder of its own, files and sweeps suffixed
+    m32 = mod.spec(256, [0.05], beta=10.0, nside_min=32)
+    assert m32.name == "transition_law_adaptive_beta10_min32_256_eps5e-02"
+    assert mod.suffix(10.0, 32) == "_beta10_min32" and mod.suffix(30.0) == "" and mod.suffix(30.0, 32) == "_min32"
+    g = m32.members()[0].config.grid
+    assert (g.nside_min, g.nside_max) == (32, 256)
 
 
 def test_transition_law_adaptive_anchors_at_its_own_converged_exit():

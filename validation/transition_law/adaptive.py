@@ -37,23 +37,25 @@ def study_beta() -> float:
     return float(tomllib.loads((HERE / "sweep.toml").read_text())["set"]["model.beta"])
 
 
-def suffix(beta: float) -> str:
-    """The file-name suffix of a beta's outputs: "" for the study's beta, "_beta10" for beta 10."""
-    return "" if beta == study_beta() else f"_beta{beta:g}"
+def suffix(beta: float, nside_min: int = NSIDE_MIN) -> str:
+    """The file-name suffix of a beta's outputs: "" for the study's beta, "_beta10" for beta 10; "_min32" added for
+    a base level other than NSIDE_MIN (a ladder of its own: the tails' resolution)."""
+    return ("" if beta == study_beta() else f"_beta{beta:g}") + ("" if nside_min == NSIDE_MIN else f"_min{nside_min}")
 
 
-def spec(nside_max=NSIDE_MAX[0], eps=None, beta=None):
+def spec(nside_max=NSIDE_MAX[0], eps=None, beta=None, nside_min=NSIDE_MIN):
     """The sweep of one finest level (each level its own sweep, so that a level can be added later); ``eps``:
     amplitudes other than EPS, in a sweep of their own beside the level's; ``beta``: other than the study's,
-    in sweeps of their own (the rest of the setting unchanged)."""
+    in sweeps of their own (the rest of the setting unchanged); ``nside_min``: the base level (the coarsest cells,
+    on which the tails are carried), other than NSIDE_MIN in sweeps of their own."""
     from spherepde.sweeps import parse_sweep
 
     raw = tomllib.loads((HERE / "sweep.toml").read_text())
     base = tomllib.loads((HERE.parent / "fig4_concentration" / "sweeps" / "base.toml").read_text())
-    base["grid"] = {"type": "adaptive", "nside_min": NSIDE_MIN, "nside_max": int(nside_max)}
+    base["grid"] = {"type": "adaptive", "nside_min": int(nside_min), "nside_max": int(nside_max)}
     base["initial"]["sample"] = "average"  # what an adaptive grid takes (it refines on f0, then averages)
     beta = study_beta() if beta is None else float(beta)
-    name = "transition_law_adaptive" + suffix(beta) + ("" if nside_max == 64 else f"_{nside_max}")
+    name = "transition_law_adaptive" + suffix(beta, nside_min) + ("" if nside_max == 64 else f"_{nside_max}")
     eps = EPS if eps is None else [float(e) for e in eps]
     if eps != EPS:
         name += "_eps" + "_".join(f"{e:.0e}" for e in eps)
@@ -73,17 +75,19 @@ def main(argv=None):
     ap.add_argument("--beta", type=float, default=None,
                     help="beta other than the study's 30, its outputs beside the study's (adaptive_beta10.md, ...)")
     ap.add_argument("--report-only", action="store_true", help="rewrite adaptive.md from adaptive.json (no runs)")
+    ap.add_argument("--nside-min", type=int, default=NSIDE_MIN,
+                    help=f"the base level (default {NSIDE_MIN}); another is a ladder of its own (adaptive_beta10_min32.md)")
     a = ap.parse_args(argv)
     beta = study_beta() if a.beta is None else float(a.beta)
-    sfx = suffix(beta)
+    sfx = suffix(beta, a.nside_min)
     # the uniform rows of this beta (results.json: the study's beta; results_beta100.json: beta 100)
-    upath = HERE / f"results{sfx}.json"
+    upath = HERE / f"results{suffix(beta)}.json"
     uniform = json.loads(upath.read_text())["rows"] if upath.exists() else []
     rows = []
     if a.report_only:
         a.nside_max = []
     for nmax in a.nside_max:
-        sp_ = spec(nmax, a.eps, beta)
+        sp_ = spec(nmax, a.eps, beta, a.nside_min)
         out = HERE / "sweep_runs" / sp_.name
         # the sweep's dataset has each member's alignment series, t_exit, t_EF and cell counts already
         # (spherepde.sweeps.member_record); the results file is read for the last state and the mass
@@ -115,10 +119,10 @@ def main(argv=None):
         rows += [r for r in json.loads(jpath.read_text())["rows"]
                  if (r["nside_max"], r["eps"]) not in done]
     rows.sort(key=lambda r: (-r["eps"], r["nside_max"]))
-    jpath.write_text(json.dumps({"nside_min": NSIDE_MIN, "rows": rows}, indent=1))
+    jpath.write_text(json.dumps({"nside_min": a.nside_min, "rows": rows}, indent=1))
 
     L = [f"# The transition law on an adaptive grid (validation/transition_law/adaptive.py{'' if not sfx else f' --beta {beta:g}'})", "",
-         f"beta {beta:g}, the study's perturbed f0, T = 35, AdaptiveHealpixGrid({NSIDE_MIN}, nside_max) with the "
+         f"beta {beta:g}, the study's perturbed f0, T = 35, AdaptiveHealpixGrid({a.nside_min}, nside_max) with the "
          "default refinement; beside it the uniform grids of " + (f"{upath.name}." if uniform else "(none at this beta)."), "",
          "| eps | nside_max | t_exit adaptive | t_EF | final align E / F / F_abs | cells at most / at T | top two cells' share at T | "
          "steps | wall s | mass drift | min f | t_exit uniform 16 / 32 / 64 |",
@@ -129,10 +133,10 @@ def main(argv=None):
                  f"{' / '.join(f'{a:.3f}' for a in r['final_align'])} | {r['cells_max']} / {r['cells_T']} | "
                  f"{r['top_two_share']:.4f} | {r['steps']} | {r['wall_s']:.0f} | {r['mass_drift']:.1e} | {r['min']:.1e} | "
                  + " / ".join(_fmt(u.get(n)) if n in u else "-" for n in (16, 32, 64)) + " |")
-    L += ladder_section(rows, beta)
+    L += ladder_section(rows, beta, a.nside_min)
     L += ["", f"![t_exit and t_EF against log(1 / eps) per finest level](adaptive_law{sfx}.png)"]
     (HERE / f"adaptive{sfx}.md").write_text("\n".join(L) + "\n")
-    plot(rows, HERE / f"adaptive_law{sfx}.png", beta)
+    plot(rows, HERE / f"adaptive_law{sfx}.png", beta, a.nside_min)
     print("\n".join(L))
     write_betas()
 
@@ -162,7 +166,7 @@ def write_betas(path=None, here=None):
     path = here / "adaptive_betas.md" if path is None else path
     per = []
     for f in sorted(here.glob("adaptive*.json")):
-        if f.name == "adaptive_betas.json":
+        if f.name == "adaptive_betas.json" or "_min" in f.stem:  # another base level: a ladder of its own
             continue
         beta = study_beta() if f.stem == "adaptive" else float(f.stem.split("_beta")[1])
         rows = json.loads(f.read_text())["rows"]
@@ -211,7 +215,7 @@ def write_betas(path=None, here=None):
     return L
 
 
-def plot(rows, path, beta=None):
+def plot(rows, path, beta=None, nside_min=NSIDE_MIN):
     """t_exit (filled) and t_EF (open) against log(1 / eps), one colour per finest level, the finest level of
     each eps ringed where its step from the level below meets the bar; the two-cluster law through the anchor
     (fig4's converged eps 0.05 exit, drawn as a star)."""
@@ -253,7 +257,7 @@ def plot(rows, path, beta=None):
     ax.plot([], [], "ko--", mfc="none", ms=4, lw=0.7, label="t_EF (filled: t_exit)")
     ax.set_xlabel("log(1 / eps)")
     ax.set_ylabel("time")
-    ax.set_title(f"beta {beta:g}, AdaptiveHealpixGrid({NSIDE_MIN}, nside_max): exit from E and E -> F against "
+    ax.set_title(f"beta {beta:g}, AdaptiveHealpixGrid({nside_min}, nside_max): exit from E and E -> F against "
                  "the amplitude", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
@@ -321,7 +325,7 @@ def _fmt(x) -> str:
     return f"{x:.2f}" if _finite(x) else "none"
 
 
-def ladder_section(rows, beta=None) -> list[str]:
+def ladder_section(rows, beta=None, nside_min=NSIDE_MIN) -> list[str]:
     """The ladder read off the rows: per eps, the step between the last two levels in t_exit and t_EF against
     the issue's bar (fig4_concentration's BAR), the two-cluster law t = a + log(1 / eps) / tanh(beta) anchored
     at the converged exit of eps = 0.05 (fig4_concentration/ladder.csv, its finest level at this beta), a
@@ -392,7 +396,7 @@ def ladder_section(rows, beta=None) -> list[str]:
     if conv_ef:
         txt = ("The converged t_EF: " + ", ".join(f"eps {e:g}: {v:.2f} ({src})" for e, v, src in conv_ef) + "; where a "
                "level reaches F by T = 35 at all (the rows above; 'none': not by T), t_EF is measured on tails "
-               f"carried on nside {NSIDE_MIN} cells (the refinement's floor coarsens them), which the converged value "
+               f"carried on nside {nside_min} cells (the refinement's floor coarsens them), which the converged value "
                "depends on (`terminal_phase.md`).")
         small_ef = [c for c in conv_ef if c[0] <= eps0]  # as for t_exit: the small amplitudes only
         if len(small_ef) >= 2:
