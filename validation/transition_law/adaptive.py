@@ -182,7 +182,8 @@ def write_betas(path=None, here=None):
          "tanh(beta), the two-cluster law's intercept at its anchor; the slope b from least squares over the converged "
          "exits at eps <= 0.05 (two-cluster: 1 / tanh(beta)).", "",
          "| beta | levels | converged t_exit (eps: value, finest level) | a(beta) | b fitted (amplitudes) | "
-         "converged t_EF | t_EF / t_exit where both converged |", "|---|---|---|---|---|---|---|"]
+         "converged t_EF | t_EF fitted (eps <= 0.05) | t_EF / t_exit where both converged |",
+         "|---|---|---|---|---|---|---|---|"]
     avals = []
     for beta, rows, conv, conv_ef, law in per:
         lv = sorted({r["nside_max"] for r in rows})
@@ -198,7 +199,12 @@ def write_betas(path=None, here=None):
         cf = ", ".join(f"{_e(e)}: {v:.2f} ({n})" for e, (v, n) in sorted(conv_ef.items(), reverse=True)) or "none"
         ratio = ", ".join(f"{_e(e)}: {v / conv[e][0]:.3f}" for e, (v, n) in sorted(conv_ef.items(), reverse=True)
                           if e in conv) or "-"
-        L.append(f"| {beta:g} | {', '.join(map(str, lv))} | {ce} | {a} | {bf} | {cf} | {ratio} |")
+        small_ef = [(e, v, n) for e, (v, n) in conv_ef.items() if e <= 0.05]
+        ff = "-"
+        if len(small_ef) >= 2:
+            a_ef, b_ef, _ = _fit(small_ef)
+            ff = f"{a_ef:.2f} + {b_ef:.2f} log(1 / eps)"
+        L.append(f"| {beta:g} | {', '.join(map(str, lv))} | {ce} | {a} | {bf} | {cf} | {ff} | {ratio} |")
     if len(avals) >= 2:
         L += ["", "a(beta) against log(beta): " + ", ".join(
             f"from beta {b0:g} to {b1:g}: {(a1 - a0) / math.log(b1 / b0):.3f} per e-fold of beta"
@@ -208,8 +214,7 @@ def write_betas(path=None, here=None):
     if small:
         lo, hi = min(r for *_, r in small), max(r for *_, r in small)
         L += ["", f"t_EF / t_exit at the small amplitudes (eps <= 0.05) where both times converged: {lo:.3f} to {hi:.3f} "
-              f"({', '.join(f'beta {b:g}, eps {_e(e)}' for b, e, _ in small)}): F takes over at "
-              f"{'about twice' if 1.9 <= lo and hi <= 2.1 else 'a multiple of'} the exit time. Every t_EF rests on "
+              f"({', '.join(f'beta {b:g}, eps {_e(e)}' for b, e, _ in small)}). Every t_EF rests on "
               f"tails carried on nside {NSIDE_MIN} cells (`terminal_phase.md`)."]
     path.write_text("\n".join(L) + "\n")
     return L
