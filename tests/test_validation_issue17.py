@@ -554,7 +554,7 @@ def test_transition_law_adaptive_anchors_at_its_own_converged_exit():
     rows2[1] = row(0.05, 128, line(0.05) + 0.3 + 0.5)
     assert mod._law(10.0, rows2) is None
     text2 = "\n".join(mod.ladder_section(rows2, 10.0))
-    assert "no two-cluster law drawn" in text2 and "| 5e-02 | 64 -> 128 |" in text2
+    assert "two-cluster law: none drawn" in text2 and "| 5e-02 | 64 -> 128 |" in text2
     assert "| yes / none by T at both | - | - |" in text2
     assert "t_exit = " in text2  # 1e-2 and 1e-3 are converged: fitted without the anchor
 
@@ -594,3 +594,19 @@ def test_transition_law_across_beta_summary(tmp_path):
     assert "| - | 1e-02: 2.000 |" in r10  # one converged t_EF at eps <= 0.05: no line through it
     got = float(re.search(r"from beta 10 to 30: ([-0-9.]+) per e-fold", text).group(1))
     assert abs(got - (a30 - a10) / math.log(3.0)) <= 1e-3
+
+
+def test_transition_law_tails_section_pairs_the_same_level_and_amplitude():
+    """--nside-min 32: the times against the base-16 ladder's at the same (nside_max, eps) only."""
+    from validation.transition_law import adaptive as mod
+
+    def row(eps, n, te, tf, cells):
+        return {"eps": eps, "nside_max": n, "t_exit": te, "t_EF": tf, "cells_T": cells}
+
+    base = [row(0.05, 256, 6.0, 12.0, 3000), row(0.05, 512, 5.0, 10.0, 3100), row(1e-2, 256, 8.0, float("nan"), 3200)]
+    rows = [row(0.05, 256, 6.3, 12.0, 12000), row(1e-2, 256, 8.0, 16.0, 12100), row(1e-3, 256, 11.0, 22.0, 12200)]
+    L = mod.tails_section(rows, base, 32)
+    body = [ln for ln in L if ln.startswith("| ") and not ln.startswith("| eps")]
+    assert len(body) == 2  # 1e-3 has no base-16 partner
+    assert body[0] == "| 5e-02 | 256 | 6.000000 / 6.300000 | 4.8e-02 | 12.000000 / 12.000000 | 0.0e+00 | 3000 / 12000 |"
+    assert body[1].startswith("| 1e-02 | 256 | 8.000000 / 8.000000 | 0.0e+00 | none / 16.000000 | - |")

@@ -121,7 +121,9 @@ def main(argv=None):
     rows.sort(key=lambda r: (-r["eps"], r["nside_max"]))
     jpath.write_text(json.dumps({"nside_min": a.nside_min, "rows": rows}, indent=1))
 
-    L = [f"# The transition law on an adaptive grid (validation/transition_law/adaptive.py{'' if not sfx else f' --beta {beta:g}'})", "",
+    flags = ("" if beta == study_beta() else f" --beta {beta:g}") + ("" if a.nside_min == NSIDE_MIN else
+                                                                     f" --nside-min {a.nside_min}")
+    L = [f"# The transition law on an adaptive grid (validation/transition_law/adaptive.py{flags})", "",
          f"beta {beta:g}, the study's perturbed f0, T = 35, AdaptiveHealpixGrid({a.nside_min}, nside_max) with the "
          "default refinement; beside it the uniform grids of " + (f"{upath.name}." if uniform else "(none at this beta)."), "",
          "| eps | nside_max | t_exit adaptive | t_EF | final align E / F / F_abs | cells at most / at T | top two cells' share at T | "
@@ -134,11 +136,37 @@ def main(argv=None):
                  f"{r['top_two_share']:.4f} | {r['steps']} | {r['wall_s']:.0f} | {r['mass_drift']:.1e} | {r['min']:.1e} | "
                  + " / ".join(_fmt(u.get(n)) if n in u else "-" for n in (16, 32, 64)) + " |")
     L += ladder_section(rows, beta, a.nside_min)
+    base = HERE / f"adaptive{suffix(beta)}.json"
+    if a.nside_min != NSIDE_MIN and base.exists():
+        L += tails_section(rows, json.loads(base.read_text())["rows"], a.nside_min)
     L += ["", f"![t_exit and t_EF against log(1 / eps) per finest level](adaptive_law{sfx}.png)"]
     (HERE / f"adaptive{sfx}.md").write_text("\n".join(L) + "\n")
     plot(rows, HERE / f"adaptive_law{sfx}.png", beta, a.nside_min)
     print("\n".join(L))
     write_betas()
+
+
+def tails_section(rows, base_rows, nside_min) -> list[str]:
+    """The same (nside_max, eps) on base level ``nside_min`` against NSIDE_MIN: how the times depend on the
+    resolution of the tails (the cells the refinement leaves on the base level)."""
+    base = {(r["nside_max"], r["eps"]): r for r in base_rows}
+    L = ["", f"## The tails' resolution: base level {nside_min} against {NSIDE_MIN}", "",
+         f"| eps | nside_max | t_exit (nside_min {NSIDE_MIN} / {nside_min}) | relative difference | "
+         f"t_EF ({NSIDE_MIN} / {nside_min}) | relative difference | cells at T ({NSIDE_MIN} / {nside_min}) |",
+         "|---|---|---|---|---|---|---|"]
+    fs = lambda s: "-" if s is None else f"{s:.1e}"  # noqa: E731
+    for r in rows:
+        b = base.get((r["nside_max"], r["eps"]))
+        if b is None:
+            continue
+        L.append(f"| {_e(r['eps'])} | {r['nside_max']} | {b['t_exit']:.6f} / {r['t_exit']:.6f} | "
+                 f"{fs(_step(b['t_exit'], r['t_exit']))} | {_fmt6(b['t_EF'])} / {_fmt6(r['t_EF'])} | "
+                 f"{fs(_step(b['t_EF'], r['t_EF']))} | {b['cells_T']} / {r['cells_T']} |")
+    return L
+
+
+def _fmt6(x) -> str:
+    return f"{x:.6f}" if _finite(x) else "none"
 
 
 def converged(rows, key="t_exit") -> dict:
@@ -343,8 +371,8 @@ def ladder_section(rows, beta=None, nside_min=NSIDE_MIN) -> list[str]:
     beta = study_beta() if beta is None else float(beta)
     if law is None:  # no converged exit at eps 0.05 yet: the ladder, the fit and the slopes without the anchor
         a_law, b_law, eps0, t0, anchor = math.nan, 1 / math.tanh(beta), 0.05, math.nan, None
-        said = (f"no two-cluster law drawn: it is anchored at the converged exit of eps = {eps0:g}, which this beta "
-                "does not have yet")
+        said = (f"two-cluster law: none drawn (it is anchored at the converged exit of eps = {eps0:g}, which this "
+                "ladder does not have yet)")
     else:
         a_law, b_law, eps0, t0, _, anchor = law
         said = (f"two-cluster law t = a + log(1 / eps) / tanh(beta) with a = {a_law:.2f}, anchored at eps = {eps0:g}'s "
