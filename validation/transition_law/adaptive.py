@@ -198,7 +198,7 @@ def write_betas(path=None, here=None):
             continue
         beta = study_beta() if f.stem == "adaptive" else float(f.stem.split("_beta")[1])
         rows = json.loads(f.read_text())["rows"]
-        conv = {e: v for e, v in converged(rows).items()}
+        conv = converged(rows)
         law = _law(beta, rows)
         if law is not None and law[5]["source"] == "fig4":
             conv.setdefault(law[2], (law[3], f"fig4 {law[5]['nside_max']}"))
@@ -237,12 +237,12 @@ def write_betas(path=None, here=None):
         L += ["", "a(beta) against log(beta): " + ", ".join(
             f"from beta {b0:g} to {b1:g}: {(a1 - a0) / math.log(b1 / b0):.3f} per e-fold of beta"
             for (b0, a0), (b1, a1) in zip(avals[:-1], avals[1:])) + "."]
-    small = [(beta, e, v / conv[e][0]) for beta, _, conv, conv_ef, _ in per for e, (v, _) in conv_ef.items()
-             if e in conv and e <= 0.05]
-    if small:
-        lo, hi = min(r for *_, r in small), max(r for *_, r in small)
+    ratios = [(beta, e, v / conv[e][0]) for beta, _, conv, conv_ef, _ in per for e, (v, _) in conv_ef.items()
+              if e in conv and e <= 0.05]
+    if ratios:
+        lo, hi = min(r for *_, r in ratios), max(r for *_, r in ratios)
         L += ["", f"t_EF / t_exit at the small amplitudes (eps <= 0.05) where both times converged: {lo:.3f} to {hi:.3f} "
-              f"({', '.join(f'beta {b:g}, eps {_e(e)}' for b, e, _ in small)}). Every t_EF rests on "
+              f"({', '.join(f'beta {b:g}, eps {_e(e)}' for b, e, _ in ratios)}). Every t_EF rests on "
               f"tails carried on nside {NSIDE_MIN} cells (`terminal_phase.md`)."]
     path.write_text("\n".join(L) + "\n")
     return L
@@ -306,26 +306,17 @@ def _law(beta=None, rows=None):
     import csv
     import math
 
-    from validation.fig4_concentration.adaptive import BAR
-
     beta = study_beta() if beta is None else float(beta)
     b = 1 / math.tanh(beta)
     eps0 = 0.05
-    fig4 = sorted((r for r in csv.DictReader(open(HERE.parent / "fig4_concentration" / "ladder.csv"))
-                   if r["beta"] == f"{beta:g}" and r["f0"] == "perturbed" and r["t_exit"]),
-                  key=lambda r: int(r["nside_max"]))
-    if len(fig4) >= 2 and float(fig4[-1]["eps"]) == eps0:
-        s = _step(float(fig4[-2]["t_exit"]), float(fig4[-1]["t_exit"]))
-        if s is not None and s <= BAR["t_exit"]:
-            anchor = dict(fig4[-1], source="fig4")
-            t0 = float(anchor["t_exit"])
-            return t0 - b * math.log(1 / eps0), b, eps0, t0, beta, anchor
-    own = sorted((r for r in rows or () if r["eps"] == eps0), key=lambda r: r["nside_max"])
-    if len(own) >= 2:
-        s = _step(own[-2]["t_exit"], own[-1]["t_exit"])
-        if s is not None and s <= BAR["t_exit"]:
-            t0 = own[-1]["t_exit"]
-            return t0 - b * math.log(1 / eps0), b, eps0, t0, beta, {"nside_max": own[-1]["nside_max"], "source": "ladder"}
+    fig4 = [{"eps": float(r["eps"]), "nside_max": int(r["nside_max"]), "t_exit": float(r["t_exit"])}
+            for r in csv.DictReader(open(HERE.parent / "fig4_concentration" / "ladder.csv"))
+            if r["beta"] == f"{beta:g}" and r["f0"] == "perturbed" and r["t_exit"]]
+    for source, rs in (("fig4", fig4), ("ladder", rows or [])):
+        hit = converged(rs).get(eps0)
+        if hit is not None:
+            t0, n = hit
+            return t0 - b * math.log(1 / eps0), b, eps0, t0, beta, {"nside_max": n, "source": source}
     return None
 
 
