@@ -25,6 +25,8 @@ CASES = [  # (flow, width, contraction)
     ("rotation", 0.006, 0.0),
     ("rotation + contraction", 0.003, 1.0),
 ]
+#: Along-track bins (rad from the exact centre, +: ahead) of the mass profile table.
+BINS = np.array([-np.pi, -0.05, -0.02, -0.01, -0.005, 0.0, 0.005, 0.01, 0.02, 0.05, np.pi])
 VARIANTS = [  # (nside_max, scheme, limiter)
     (256, "linear", "positivity"), (512, "linear", "positivity"), (256, "linear", "maximum"),
     (256, "quadratic", "positivity"), (256, "linear", "none"),
@@ -71,9 +73,11 @@ def run(nside_max: int, scheme: str, limiter: str, width: float, contraction: fl
     along = np.cross(AXIS, ce)
     along /= np.linalg.norm(along)
     ang = np.arccos(np.clip(g.xbar @ cen, -1.0, 1.0))
+    s = (g.xbar - ce) @ along  # along-track offset of each cell from the exact centre
     return {"error": float(np.arccos(min(1.0, cen @ ce))), "along": float((cen - ce) @ along),
             "width": float(np.sqrt((m * ang ** 2).sum() / m.sum())), "min": float(f.min()),
-            "cells": int(g.n_cells)}
+            "cells": int(g.n_cells), "mass_bins": np.histogram(s, BINS, weights=m)[0],
+            "moment_bins": np.histogram(s, BINS, weights=m * s)[0]}
 
 
 def main():
@@ -81,12 +85,25 @@ def main():
          __doc__.split("\n\n")[1].replace("\n", " "), "",
          "| flow | initial width (rad) | nside_max | scheme | limiter | centroid error at t = 1 (rad) | along-track | "
          "width at t = 1 | min f | cells at t = 1 |", "|---|---|---|---|---|---|---|---|---|---|"]
+    profiles = []
     for flow, width, c in CASES:
         for n, scheme, lim in VARIANTS:
             r = run(n, scheme, lim, width, c)
             L.append(f"| {flow} | {width:g} | {n} | {scheme} | {lim} | {r['error']:.2e} | {r['along']:+.2e} | "
                      f"{r['width']:.2e} | {r['min']:.1e} | {r['cells']} |")
             print(L[-1], flush=True)
+            if flow == "rotation" and n == 256 and scheme == "linear" and lim in ("positivity", "none"):
+                profiles.append((lim, r))
+    lo, hi = BINS[:-1], BINS[1:]
+    names = [f"< {hi[0]:g}"] + [f"{a:g} to {b:g}" for a, b in zip(lo[1:-1], hi[1:-1])] + [f"> {lo[-1]:g}"]
+    L += ["", "Where the mass is at t = 1 (rotation, nside_max 256): the mass in each along-track bin (rad from the "
+          "exact centre, +: ahead) and its share of the first moment, sum of m s (s the offset; the centroid's "
+          "along-track error is this sum over the mass, 1)", "",
+          "| limiter | quantity | " + " | ".join(names) + " | sum |", "|---|---|" + "---|" * (len(names) + 1)]
+    for lim, r in profiles:
+        for q, key in (("mass", "mass_bins"), ("m s", "moment_bins")):
+            v = r[key]
+            L.append(f"| {lim} | {q} | " + " | ".join(f"{x:+.1e}" for x in v) + f" | {v.sum():+.2e} |")
     (HERE / "bump_proxy.md").write_text("\n".join(L) + "\n")
 
 
