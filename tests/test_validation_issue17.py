@@ -514,6 +514,13 @@ def test_transition_law_adaptive_other_beta_runs_beside_the_study():
     assert mod.suffix(10.0, 32) == "_beta10_min32" and mod.suffix(30.0) == "" and mod.suffix(30.0, 32) == "_min32"
     g = m32.members()[0].config.grid
     assert (g.nside_min, g.nside_max) == (32, 256)
+    # another error-control tolerance (the step-size ladder): a sweep of its own with only scheme.rtol changed
+    r4 = mod.spec(256, [0.05], beta=10.0, rtol=1e-4)
+    assert r4.name == "transition_law_adaptive_beta10_rtol1e-04_256_eps5e-02"
+    assert mod.suffix(10.0, rtol=1e-4) == "_beta10_rtol1e-04"
+    c4, c0 = r4.members()[0].config, mod.spec(256, [0.05], beta=10.0).members()[0].config
+    assert c4.scheme.rtol == 1e-4 and c0.scheme.rtol != 1e-4
+    assert c4.scheme == type(c0.scheme)(**{**c0.scheme.__dict__, "rtol": 1e-4})  # nothing else differs
 
 
 def test_transition_law_adaptive_anchors_at_its_own_converged_exit():
@@ -594,6 +601,24 @@ def test_transition_law_across_beta_summary(tmp_path):
     assert "| - | 1e-02: 2.000 |" in r10  # one converged t_EF at eps <= 0.05: no line through it
     got = float(re.search(r"from beta 10 to 30: ([-0-9.]+) per e-fold", text).group(1))
     assert abs(got - (a30 - a10) / math.log(3.0)) <= 1e-3
+
+
+def test_transition_law_steps_section_pairs_the_same_level_and_amplitude():
+    """--rtol: the times at the smaller tolerance against the default's at the same (nside_max, eps) only, with
+    the relative difference (the default tolerance's time error) and both step counts."""
+    from validation.transition_law import adaptive as mod
+
+    def row(eps, n, te, tf, steps):
+        return {"eps": eps, "nside_max": n, "t_exit": te, "t_EF": tf, "steps": steps}
+
+    base = [row(0.05, 256, 6.0, 12.0, 3000), row(0.05, 512, 5.0, 10.0, 3100), row(1e-2, 256, 8.0, 16.0, 3200)]
+    rows = [row(0.05, 256, 6.03, 12.0, 9000), row(1e-2, 256, 8.0, 16.4, 9100), row(1e-3, 256, 11.0, 22.0, 9200)]
+    L = mod.steps_section(rows, base, 1e-4)
+    assert "## The step size: rtol 0.0001 against the default 0.001" in L
+    body = [ln for ln in L if ln.startswith("| ") and not ln.startswith("| eps")]
+    assert len(body) == 2  # 1e-3 has no default-tolerance partner; the 512 row has no partner either
+    assert body[0] == "| 5e-02 | 256 | 6.000000 / 6.030000 | 5.0e-03 | 12.000000 / 12.000000 | 0.0e+00 | 3000 / 9000 |"
+    assert body[1] == "| 1e-02 | 256 | 8.000000 / 8.000000 | 0.0e+00 | 16.000000 / 16.400000 | 2.4e-02 | 3200 / 9100 |"
 
 
 def test_transition_law_tails_section_pairs_the_same_level_and_amplitude():

@@ -37,17 +37,20 @@ def study_beta() -> float:
     return float(tomllib.loads((HERE / "sweep.toml").read_text())["set"]["model.beta"])
 
 
-def suffix(beta: float, nside_min: int = NSIDE_MIN) -> str:
+def suffix(beta: float, nside_min: int = NSIDE_MIN, rtol: float | None = None) -> str:
     """The file-name suffix of a beta's outputs: "" for the study's beta, "_beta10" for beta 10; "_min32" added for
-    a base level other than NSIDE_MIN (a ladder of its own: the tails' resolution)."""
-    return ("" if beta == study_beta() else f"_beta{beta:g}") + ("" if nside_min == NSIDE_MIN else f"_min{nside_min}")
+    a base level other than NSIDE_MIN (a ladder of its own: the tails' resolution); "_rtol1e-04" for an error
+    control tolerance other than the default (a ladder of its own: the step size)."""
+    return (("" if beta == study_beta() else f"_beta{beta:g}") + ("" if nside_min == NSIDE_MIN else f"_min{nside_min}")
+            + ("" if rtol is None else f"_rtol{rtol:.0e}"))
 
 
-def spec(nside_max=NSIDE_MAX[0], eps=None, beta=None, nside_min=NSIDE_MIN):
+def spec(nside_max=NSIDE_MAX[0], eps=None, beta=None, nside_min=NSIDE_MIN, rtol=None):
     """The sweep of one finest level (each level its own sweep, so that a level can be added later); ``eps``:
     amplitudes other than EPS, in a sweep of their own beside the level's; ``beta``: other than the study's,
     in sweeps of their own (the rest of the setting unchanged); ``nside_min``: the base level (the coarsest cells,
-    on which the tails are carried), other than NSIDE_MIN in sweeps of their own."""
+    on which the tails are carried), other than NSIDE_MIN in sweeps of their own; ``rtol``: the error control's
+    tolerance (``[scheme] rtol``), other than its default in sweeps of their own (a step-size ladder)."""
     from spherepde.sweeps import parse_sweep
 
     raw = tomllib.loads((HERE / "sweep.toml").read_text())
@@ -55,11 +58,13 @@ def spec(nside_max=NSIDE_MAX[0], eps=None, beta=None, nside_min=NSIDE_MIN):
     base["grid"] = {"type": "adaptive", "nside_min": int(nside_min), "nside_max": int(nside_max)}
     base["initial"]["sample"] = "average"  # what an adaptive grid takes (it refines on f0, then averages)
     beta = study_beta() if beta is None else float(beta)
-    name = "transition_law_adaptive" + suffix(beta, nside_min) + ("" if nside_max == 64 else f"_{nside_max}")
+    name = "transition_law_adaptive" + suffix(beta, nside_min, rtol) + ("" if nside_max == 64 else f"_{nside_max}")
     eps = EPS if eps is None else [float(e) for e in eps]
     if eps != EPS:
         name += "_eps" + "_".join(f"{e:.0e}" for e in eps)
     sets = dict(raw["set"], **{"model.beta": beta})
+    if rtol is not None:
+        sets["scheme.rtol"] = float(rtol)
     return parse_sweep({"sweep": {"name": name}, "base": base, "set": sets,
                         "axes": {"initial.eps": eps}}, base_dir=HERE)
 
@@ -77,9 +82,12 @@ def main(argv=None):
     ap.add_argument("--report-only", action="store_true", help="rewrite adaptive.md from adaptive.json (no runs)")
     ap.add_argument("--nside-min", type=int, default=NSIDE_MIN,
                     help=f"the base level (default {NSIDE_MIN}); another is a ladder of its own (adaptive_beta10_min32.md)")
+    ap.add_argument("--rtol", type=float, default=None,
+                    help="the error control's tolerance other than its default 1e-3: a step-size ladder of its own "
+                         "(adaptive_beta10_rtol1e-04.md)")
     a = ap.parse_args(argv)
     beta = study_beta() if a.beta is None else float(a.beta)
-    sfx = suffix(beta, a.nside_min)
+    sfx = suffix(beta, a.nside_min, a.rtol)
     # the uniform rows of this beta (results.json: the study's beta; results_beta100.json: beta 100)
     upath = HERE / f"results{suffix(beta)}.json"
     uniform = json.loads(upath.read_text())["rows"] if upath.exists() else []
@@ -87,7 +95,7 @@ def main(argv=None):
     if a.report_only:
         a.nside_max = []
     for nmax in a.nside_max:
-        sp_ = spec(nmax, a.eps, beta, a.nside_min)
+        sp_ = spec(nmax, a.eps, beta, a.nside_min, a.rtol)
         out = HERE / "sweep_runs" / sp_.name
         # the sweep's dataset has each member's alignment series, t_exit, t_EF and cell counts already
         # (spherepde.sweeps.member_record); the results file is read for the last state and the mass
@@ -121,11 +129,12 @@ def main(argv=None):
     rows.sort(key=lambda r: (-r["eps"], r["nside_max"]))
     jpath.write_text(json.dumps({"nside_min": a.nside_min, "rows": rows}, indent=1))
 
-    flags = ("" if beta == study_beta() else f" --beta {beta:g}") + ("" if a.nside_min == NSIDE_MIN else
-                                                                     f" --nside-min {a.nside_min}")
+    flags = (("" if beta == study_beta() else f" --beta {beta:g}") + ("" if a.nside_min == NSIDE_MIN else
+                                                                      f" --nside-min {a.nside_min}")
+             + ("" if a.rtol is None else f" --rtol {a.rtol:g}"))
     L = [f"# The transition law on an adaptive grid (validation/transition_law/adaptive.py{flags})", "",
          f"beta {beta:g}, the study's perturbed f0, T = 35, AdaptiveHealpixGrid({a.nside_min}, nside_max) with the "
-         "default refinement; beside it the uniform grids of " + (f"{upath.name}." if uniform else "(none at this beta)."), "",
+         "default refinement" + ("" if a.rtol is None else f", error control tolerance rtol = {a.rtol:g}") + "; beside it the uniform grids of " + (f"{upath.name}." if uniform else "(none at this beta)."), "",
          "| eps | nside_max | t_exit adaptive | t_EF | final align E / F / F_abs | cells at most / at T | top two cells' share at T | "
          "steps | wall s | mass drift | min f | t_exit uniform 16 / 32 / 64 |",
          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -137,8 +146,10 @@ def main(argv=None):
                  + " / ".join(_fmt(u.get(n)) if n in u else "-" for n in (16, 32, 64)) + " |")
     L += ladder_section(rows, beta, a.nside_min)
     base = HERE / f"adaptive{suffix(beta)}.json"
-    if a.nside_min != NSIDE_MIN and base.exists():
+    if a.nside_min != NSIDE_MIN and a.rtol is None and base.exists():
         L += tails_section(rows, json.loads(base.read_text())["rows"], a.nside_min)
+    if a.rtol is not None and base.exists():
+        L += steps_section(rows, json.loads(base.read_text())["rows"], a.rtol)
     L += ["", f"![t_exit and t_EF against log(1 / eps) per finest level](adaptive_law{sfx}.png)"]
     (HERE / f"adaptive{sfx}.md").write_text("\n".join(L) + "\n")
     plot(rows, HERE / f"adaptive_law{sfx}.png", beta, a.nside_min)
@@ -149,11 +160,30 @@ def main(argv=None):
 def tails_section(rows, base_rows, nside_min) -> list[str]:
     """The same (nside_max, eps) on base level ``nside_min`` against NSIDE_MIN: how the times depend on the
     resolution of the tails (the cells the refinement leaves on the base level)."""
+    head = ["", f"## The tails' resolution: base level {nside_min} against {NSIDE_MIN}", ""]
+    return head + _pairs(rows, base_rows, f"nside_min {NSIDE_MIN} / {nside_min}", f"{NSIDE_MIN} / {nside_min}",
+                         "cells_T", "cells at T")
+
+
+def steps_section(rows, base_rows, rtol) -> list[str]:
+    """The same (nside_max, eps) at the error control's tolerance ``rtol`` against its default 1e-3: the time
+    error of the default tolerance (the step-size ladder of the times), which the bar of 2 % must dwarf."""
+    from spherepde import Options
+
+    r0 = Options().rtol
+    head = ["", f"## The step size: rtol {rtol:g} against the default {r0:g}", "",
+            f"The same members with the error control's tolerance {r0 / rtol:g} times smaller; its relative "
+            f"difference is the time error of the default tolerance in each time (the ladder's own bar is "
+            f"2 % between levels).", ""]
+    return head + _pairs(rows, base_rows, f"rtol {r0:g} / {rtol:g}", f"{r0:g} / {rtol:g}", "steps", "steps")
+
+
+def _pairs(rows, base_rows, label, short, key, key_label) -> list[str]:
+    """The table of :func:`tails_section` and :func:`steps_section`: t_exit and t_EF of each row beside the
+    base's row of the same (nside_max, eps), their relative differences, and ``key`` of both."""
     base = {(r["nside_max"], r["eps"]): r for r in base_rows}
-    L = ["", f"## The tails' resolution: base level {nside_min} against {NSIDE_MIN}", "",
-         f"| eps | nside_max | t_exit (nside_min {NSIDE_MIN} / {nside_min}) | relative difference | "
-         f"t_EF ({NSIDE_MIN} / {nside_min}) | relative difference | cells at T ({NSIDE_MIN} / {nside_min}) |",
-         "|---|---|---|---|---|---|---|"]
+    L = [f"| eps | nside_max | t_exit ({label}) | relative difference | t_EF ({short}) | relative difference | "
+         f"{key_label} ({short}) |", "|---|---|---|---|---|---|---|"]
     fs = lambda s: "-" if s is None else f"{s:.1e}"  # noqa: E731
     for r in rows:
         b = base.get((r["nside_max"], r["eps"]))
@@ -161,7 +191,7 @@ def tails_section(rows, base_rows, nside_min) -> list[str]:
             continue
         L.append(f"| {_e(r['eps'])} | {r['nside_max']} | {b['t_exit']:.6f} / {r['t_exit']:.6f} | "
                  f"{fs(_step(b['t_exit'], r['t_exit']))} | {_fmt6(b['t_EF'])} / {_fmt6(r['t_EF'])} | "
-                 f"{fs(_step(b['t_EF'], r['t_EF']))} | {b['cells_T']} / {r['cells_T']} |")
+                 f"{fs(_step(b['t_EF'], r['t_EF']))} | {b[key]} / {r[key]} |")
     return L
 
 
@@ -194,7 +224,7 @@ def write_betas(path=None, here=None):
     path = here / "adaptive_betas.md" if path is None else path
     per = []
     for f in sorted(here.glob("adaptive*.json")):
-        if f.name == "adaptive_betas.json" or "_min" in f.stem:  # another base level: a ladder of its own
+        if f.name == "adaptive_betas.json" or "_min" in f.stem or "_rtol" in f.stem:  # ladders of their own
             continue
         beta = study_beta() if f.stem == "adaptive" else float(f.stem.split("_beta")[1])
         rows = json.loads(f.read_text())["rows"]
