@@ -144,15 +144,17 @@ def main(argv=None):
                  f"{' / '.join(f'{a:.3f}' for a in r['final_align'])} | {r['cells_max']} / {r['cells_T']} | "
                  f"{r['top_two_share']:.4f} | {r['steps']} | {r['wall_s']:.0f} | {r['mass_drift']:.1e} | {r['min']:.1e} | "
                  + " / ".join(_fmt(u.get(n)) if n in u else "-" for n in (16, 32, 64)) + " |")
-    L += ladder_section(rows, beta, a.nside_min)
+    if a.rtol is None:  # a step-size ladder has one level: its verdict is the table against the default's (below)
+        L += ladder_section(rows, beta, a.nside_min)
     base = HERE / f"adaptive{suffix(beta)}.json"
     if a.nside_min != NSIDE_MIN and a.rtol is None and base.exists():
         L += tails_section(rows, json.loads(base.read_text())["rows"], a.nside_min)
     if a.rtol is not None and base.exists():
         L += steps_section(rows, json.loads(base.read_text())["rows"], a.rtol)
-    L += ["", f"![t_exit and t_EF against log(1 / eps) per finest level](adaptive_law{sfx}.png)"]
+    if a.rtol is None:  # a step-size ladder is its table against the default tolerance's, not a figure of its own
+        L += ["", f"![t_exit and t_EF against log(1 / eps) per finest level](adaptive_law{sfx}.png)"]
+        plot(rows, HERE / f"adaptive_law{sfx}.png", beta, a.nside_min)
     (HERE / f"adaptive{sfx}.md").write_text("\n".join(L) + "\n")
-    plot(rows, HERE / f"adaptive_law{sfx}.png", beta, a.nside_min)
     print("\n".join(L))
     write_betas()
 
