@@ -134,7 +134,8 @@ def main(argv=None):
              + ("" if a.rtol is None else f" --rtol {a.rtol:g}"))
     L = [f"# The transition law on an adaptive grid (validation/transition_law/adaptive.py{flags})", "",
          f"beta {beta:g}, the study's perturbed f0, T = 35, AdaptiveHealpixGrid({a.nside_min}, nside_max) with the "
-         "default refinement" + ("" if a.rtol is None else f", error control tolerance rtol = {a.rtol:g}") + "; beside it the uniform grids of " + (f"{upath.name}." if uniform else "(none at this beta)."), "",
+         "default refinement" + ("" if a.rtol is None else f", error control tolerance rtol = {a.rtol:g}")
+         + "; beside it the uniform grids of " + (f"{upath.name}." if uniform else "(none at this beta)."), "",
          "| eps | nside_max | t_exit adaptive | t_EF | final align E / F / F_abs | cells at most / at T | top two cells' share at T | "
          "steps | wall s | mass drift | min f | t_exit uniform 16 / 32 / 64 |",
          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -144,16 +145,17 @@ def main(argv=None):
                  f"{' / '.join(f'{a:.3f}' for a in r['final_align'])} | {r['cells_max']} / {r['cells_T']} | "
                  f"{r['top_two_share']:.4f} | {r['steps']} | {r['wall_s']:.0f} | {r['mass_drift']:.1e} | {r['min']:.1e} | "
                  + " / ".join(_fmt(u.get(n)) if n in u else "-" for n in (16, 32, 64)) + " |")
-    if a.rtol is None:  # a step-size ladder has one level: its verdict is the table against the default's (below)
-        L += ladder_section(rows, beta, a.nside_min)
+    # the rows of this beta at the base level 16 and the default tolerance, which the other ladders are set beside
     base = HERE / f"adaptive{suffix(beta)}.json"
-    if a.nside_min != NSIDE_MIN and a.rtol is None and base.exists():
-        L += tails_section(rows, json.loads(base.read_text())["rows"], a.nside_min)
-    if a.rtol is not None and base.exists():
-        L += steps_section(rows, json.loads(base.read_text())["rows"], a.rtol)
-    if a.rtol is None:  # a step-size ladder is its table against the default tolerance's, not a figure of its own
+    base_rows = json.loads(base.read_text())["rows"] if base.exists() else None
+    if a.rtol is None:
+        L += ladder_section(rows, beta, a.nside_min)
+        if a.nside_min != NSIDE_MIN and base_rows is not None:
+            L += tails_section(rows, base_rows, a.nside_min)
         L += ["", f"![t_exit and t_EF against log(1 / eps) per finest level](adaptive_law{sfx}.png)"]
         plot(rows, HERE / f"adaptive_law{sfx}.png", beta, a.nside_min)
+    elif base_rows is not None:  # a step-size ladder has one level: its verdict is this table, not a ladder or figure
+        L += steps_section(rows, base_rows, a.rtol)
     (HERE / f"adaptive{sfx}.md").write_text("\n".join(L) + "\n")
     print("\n".join(L))
     write_betas()
