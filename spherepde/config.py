@@ -19,7 +19,8 @@ Sections (see ``docs/user_guide.md`` and ``docs/examples/*.toml``)::
     name = "..."  description = "..."              # optional, top level
     [grid]      type = "healpix" (nside, edge_points) | "tensor" (d, n)
                      | "adaptive" (nside_min, nside_max, edge_points, max_cells, refine, variation, attention,
-                       floor, coarsen, buffer, regrid_interval, attended, attended_floor)
+                       floor, coarsen, buffer, regrid_interval, attended, attended_floor,
+                       attention_variation)
     [model]     type = "zero_temperature" (B, V) | "attention" (B, V, beta, tol, method; beta = inf is
                      the zero-temperature limit)
                      | "prescribed_rotation" (axis, omega) | "prescribed_linear" (M)
@@ -79,7 +80,7 @@ GRID_TYPES = ("healpix", "tensor", "adaptive")
 #: The refinement keys of an adaptive [grid] -> the field of spherepde.grids.adaptive.Refinement.
 REFINEMENT_KEYS = {"variation": "variation", "attention": "attention", "floor": "floor", "coarsen": "coarsen",
                    "buffer": "buffer", "regrid_interval": "interval", "attended": "attended",
-                   "attended_floor": "attended_floor"}
+                   "attended_floor": "attended_floor", "attention_variation": "attention_variation"}
 MODEL_TYPES = ("zero_temperature", "attention", "prescribed_rotation", "prescribed_linear", "feedforward",
                "multihead", "sum", "layers", "noise")
 #: The activations of a feed-forward term (spherepde.models.terms.ACTIVATIONS).
@@ -271,7 +272,8 @@ class GridConfig:
     ``nside_min`` cells all run), ``variation`` (0.25), ``attention`` (0.5), ``floor`` (1e-4), ``coarsen``
     (0.25), ``buffer`` (2 rings), ``regrid_interval`` (4 steps), ``attended`` (false: true counts the
     attention a cell receives as well as its density), ``attended_floor`` (= ``floor``: the attention
-    density, relative to max f, from which ``attended`` counts a cell), ``edge_points`` (6).
+    density, relative to max f, from which ``attended`` counts a cell), ``attention_variation`` (0: the
+    attention criterion only where f varies by more than it over a cell's stencil), ``edge_points`` (6).
     """
 
     type: str = "healpix"
@@ -291,6 +293,7 @@ class GridConfig:
     regrid_interval: int | None = None
     attended: bool | None = None
     attended_floor: float | None = None
+    attention_variation: float | None = None
 
     @property
     def dim(self) -> int:
@@ -318,7 +321,7 @@ class GridConfig:
             kw["edge_points"] = _int(sec, "edge_points", w, minimum=1)
             kw["max_cells"] = _int(sec, "max_cells", w, minimum=12 * kw["nside_min"] ** 2)
             kw["refine"] = _bool(sec, "refine", w, True) if "refine" in sec else None
-            for key in ("variation", "attention", "floor", "attended_floor"):
+            for key in ("variation", "attention", "floor", "attended_floor", "attention_variation"):
                 kw[key] = _float(sec, key, w, lo=0.0, lo_open=key == "variation")
             kw["coarsen"] = _float(sec, "coarsen", w, lo=0.0, hi=1.0, hi_open=True)
             kw["buffer"] = _int(sec, "buffer", w, minimum=0)

@@ -400,6 +400,42 @@ def test_refinement_flags_follow_the_criteria():
     assert not ref_lo.any() and ref_hi.all()
 
 
+def test_attention_variation_confines_the_attention_criterion_to_where_f_varies():
+    """Refinement(attention_variation=a): with h beta ||B|| far above the attention threshold, a smooth
+    density (stencil variation r_i below a everywhere) is refined nowhere, where the default refines every
+    cell; a density whose variation exceeds a (but stays below the variation criterion's 25 %) is refined
+    exactly where r_i > a, plus the buffer; a smooth density may coarsen (2 r_i <= a), and the default
+    keeps it."""
+    from spherepde.grids.adaptive import Refinement
+
+    g = AdaptiveHealpixGrid(8, 64)
+    h = np.sqrt(g.areas[0])
+    scale = 2.0 / h  # h beta ||B|| = 2, four times the threshold 0.5
+    c = np.array([0.0, 0.6, 0.8])
+
+    def var_of(f):
+        nb = f[g.stencil]
+        hi = np.maximum(nb.max(1), f)
+        return (hi - np.minimum(nb.min(1), f)) / hi
+
+    smooth = g.cell_average(lambda x: 1.0 + 0.01 * (x @ c))  # r_i ~ 0.01 * 2 h
+    assert var_of(smooth).max() < 0.02
+    ref, crs = Refinement().flags(g, smooth, scale)
+    assert ref.all() and not crs.any()
+    ref, crs = Refinement(attention_variation=0.05).flags(g, smooth, scale)
+    assert not ref.any() and crs.all()
+    # a bump whose stencil variation peaks between 0.05 and 0.25: only the variation over 0.05 refines
+    f = g.cell_average(lambda x: np.exp(0.6 * (x @ c - 1)))
+    v = var_of(f)
+    assert 0.05 < v.max() < 0.25 and (v <= 0.05).any()
+    ref, _ = Refinement(attention_variation=0.05, buffer=0).flags(g, f, scale)
+    assert np.array_equal(ref, v > 0.05)
+    ref0, _ = Refinement(attention_variation=0.05, buffer=0).flags(g, f, 0.49 / h)  # below the threshold
+    assert not ref0.any()
+    with pytest.raises(ValueError, match="Refinement.attention_variation"):
+        Refinement(attention_variation=-0.1)
+
+
 def test_attention_on_adaptive_grids():
     """The attention field takes the adaptive cells as sources and targets: on an adaptive grid that is in
     fact uniform the run equals HealpixGrid's to 1e-12 (measured 5e-15; the attention's tol is 1e-12), and

@@ -62,6 +62,7 @@ def test_config_builds_the_adaptive_grid_and_names_bad_keys():
     assert not cfg.build_grid().refinement.attended  # off unless asked for
     assert (_cfg(attended="true", attended_floor=1e-8).build_grid().refinement
             == Refinement(attended=True, attended_floor=1e-8))
+    assert _cfg(attention_variation=0.1).build_grid().refinement == Refinement(attention_variation=0.1)
     f0 = cfg.build_initial(g)  # the density function, on which the solver refines before the run
     assert callable(f0) and [w for _, w in f0.features] == pytest.approx([150 ** -0.5, 80 ** -0.5])
     assert parse_config(cfg.text).to_json() == cfg.to_json()  # the TOML it writes reads back the same
@@ -74,6 +75,8 @@ def test_config_builds_the_adaptive_grid_and_names_bad_keys():
                       (CONFIG.replace("nside_max = 32", "nside_max = 32\nattended = 1"), "grid.attended"),
                       (CONFIG.replace("nside_max = 32", "nside_max = 32\nattended_floor = -1e-8"),
                        "grid.attended_floor"),
+                      (CONFIG.replace("nside_max = 32", "nside_max = 32\nattention_variation = -0.1"),
+                       "grid.attention_variation"),
                       (CONFIG.replace("uniform_weight = 0.05", 'uniform_weight = 0.05\nsample = "center"'),
                        "initial.sample")):
         with pytest.raises(ConfigError) as e:

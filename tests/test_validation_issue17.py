@@ -255,6 +255,40 @@ def test_transition_law_adaptive_levels_are_sweeps_of_their_own():
             assert c.initial.sample is None and c.model.beta == 30.0 and c.time.t_end == 35.0
 
 
+def test_fig4_adaptive_attention_variation_and_t_end_are_ladders_and_sweeps_of_their_own():
+    """validation/fig4_concentration/adaptive.py --attention-variation / --t-end: a level with the attention
+    criterion confined to where f varies is its own sweep (``_av<a>``) whose grid carries
+    Refinement(attention_variation=a), and a level run to another T its own (``_T<T>``) with that t_end; the
+    ladders keep the refinements apart (an av level never enters the default or attended ladder), and the
+    report names a level's T and judges t_EF "by T" at the earlier T of a pair."""
+    from validation.fig4_concentration import adaptive as A
+
+    sp_ = A.spec(100.0, 512, 32, True, None, "perturbed", 0.25, 12.0)
+    assert sp_.name == "fig4_adaptive_b100_512_min32_att_av0.25_T12"
+    (m,) = sp_.members()
+    ref = m.config.build_grid().refinement
+    assert ref.attention_variation == 0.25 and ref.attended and m.config.time.t_end == 12.0
+    assert A.spec(100.0, 512, 32, True).name == "fig4_adaptive_b100_512_min32_att"  # the old names stand
+    assert A.spec(100.0, 512, 32, True).members()[0].config.build_grid().refinement.attention_variation == 0.0
+
+    def rec(n, av, t_end=A.T_END, t_exit=8.0):
+        return {"beta": 100.0, "nside_max": n, "nside_min": 32, "attended": True, "attended_floor": None,
+                "attention_variation": av, "t_end": t_end, "t_exit": t_exit, "t_EF": None, "plateau_w2": 0.02,
+                "times": [0.0, 1.0], "align_E": [0.3, 0.9], "align_F": [0.3, 0.0], "align_Fabs": [0.4, 0.1]}
+
+    recs = [rec(64, 0.0), rec(128, 0.0), rec(64, 0.25, t_exit=10.0), rec(128, 0.25, t_exit=8.1),
+            rec(512, 0.25, 12.0, t_exit=8.0)]
+    assert [r["nside_max"] for r in A.ladder(recs, attended=True, nside_min=32)] == [64, 128]
+    av = A.ladder(recs, attended=True, attention_variation=0.25, nside_min=32)
+    assert [r["nside_max"] for r in av] == [64, 128, 512]
+    ch = A.changes(av)
+    assert ch[1]["t_end"] == 12.0 and A.verdict(ch[1]).endswith("reached by T = 12 at neither level")
+    assert ch[0]["t_end"] == A.T_END
+    assert A._t_end_note(av[2]) == " (T = 12)" and A._t_end_note(av[1]) == ""
+    assert A.refinement_name(*A.refinement_of(av[0])) == "attended, attention where f varies > 0.25"
+    assert A.refinement_of({"beta": 30.0, "nside_max": 64}) == (False, None, 0.0)  # records from before
+
+
 def test_fig4_adaptive_ladder_measures_its_runs(tmp_path, monkeypatch):
     """validation/fig4_concentration/adaptive.py end to end on a ladder small enough for the test run
     (AdaptiveHealpixGrid(4, 8), beta 30, T = 1, through a real sweep on a local Dask cluster): the record's
@@ -371,7 +405,7 @@ def test_fig4_attended_ladder_on_disk_moves_with_the_tails_not_with_nside_max():
     for r in att:
         assert abs(r["t_exit"] - base[r["nside_max"]]["t_exit"]) <= 1e-3 * r["t_exit"]
     by = {r["nside_max"]: r for r in att}
-    m32 = [r for r in d["rows"] if A.refinement_of(r) == (True, None) and r["nside_min"] == 32 and r["beta"] == 30.0]
+    m32 = [r for r in d["rows"] if A.refinement_of(r) == (True, None, 0.0) and r["nside_min"] == 32 and r["beta"] == 30.0]
     assert 128 in {r["nside_max"] for r in m32}
     for r in m32:
         assert abs(r["t_EF"] - by[r["nside_max"]]["t_EF"]) > 5 * A.BAR["t_EF"] * r["t_EF"]
@@ -394,7 +428,7 @@ def test_fig4_terminal_phase_on_disk_t_EF_is_ill_conditioned_t_depart_and_drift_
     from validation.fig4_concentration import adaptive as A
 
     d = json.loads((C.VALID / "fig4_concentration" / "adaptive.json").read_text())
-    att = [r for r in d["rows"] if A.refinement_of(r) == (True, None) and r["nside_max"] >= 128 and r["beta"] == 30.0]
+    att = [r for r in d["rows"] if A.refinement_of(r) == (True, None, 0.0) and r["nside_max"] >= 128 and r["beta"] == 30.0]
     assert len(att) >= 6
     m = {(r["nside_min"], r["nside_max"]): (r, A.terminal(r)) for r in att}
     for (r, t) in m.values():

@@ -276,6 +276,15 @@ class Refinement:
       (r_i < ``coarsen`` x ``variation`` and 2 h_i beta ||B|| <= ``attention``: the parent would not be
       refined again at once), never within the buffer of a refined cell.
 
+    With ``attention_variation`` > 0 the attention criterion applies only where the density also varies,
+    r_i > ``attention_variation`` (and a smooth cell may be coarsened past it where 2 r_i <=
+    ``attention_variation``). Where f is smooth on the cell scale the field's cell sums are accurate even
+    when the weights vary by exp(h beta ||B||) across a cell (the midpoint errors of a smooth integrand
+    cancel over the sphere: Figure 4's uniform f0 at beta 100 concentrates at the same rate, to 0.06 %, on
+    nside 64 cells, h beta = 1.6, as on 128 and 256), and a near-uniform early density at large beta is
+    then not refined everywhere to h < ``attention`` / (beta ||B||) (nside 256 at beta 100, 2048 at beta
+    1000). Default 0: the attention criterion wherever the cell holds significant mass.
+
     With ``attended=True`` a cell also counts as significant where the density of the attention it receives,
     sigma(y) = f(y) int f(x) w(x, y) / Z(x) dx with w = exp(beta <x, B y>) and Z(x) = int f w(x, .) (a
     probability density like f: :func:`attended_density`), reaches the floor: the thin tails that the
@@ -298,6 +307,8 @@ class Refinement:
     attended : bool, default False
         Count the attention a cell receives as well as its density (above); the grid needs the model's
         attention kernels, which the solver hands to :meth:`AdaptiveHealpixGrid.regrid`.
+    attention_variation : float, default 0
+        The attention criterion only where r_i exceeds it (above); 0: wherever f is significant.
     attended_floor : float, optional
         Relative to max f, the sigma from which a cell counts as significant under ``attended`` (default:
         ``floor``). A tail's weight grows like exp(beta <x, B y>) long before it holds the field, and its
@@ -314,9 +325,10 @@ class Refinement:
     interval: int = 4
     attended: bool = False
     attended_floor: float | None = None
+    attention_variation: float = 0.0
 
     def __post_init__(self):
-        for name in ("variation", "attention", "floor", "coarsen"):
+        for name in ("variation", "attention", "floor", "coarsen", "attention_variation"):
             object.__setattr__(self, name, finite_float(getattr(self, name), f"Refinement.{name}", low=0.0))
         if not (self.variation > 0 and self.coarsen < 1):
             raise ValueError(f"Refinement.variation must be > 0 and coarsen < 1, got {self.variation}, {self.coarsen}")
@@ -352,13 +364,15 @@ class Refinement:
         att = h * scale
         refine = significant & (var > self.variation)
         if scale > 0:
-            refine |= holds & (att > self.attention) & (fmax > 0)
+            varies = (var > self.attention_variation) if self.attention_variation > 0 else True
+            refine |= holds & (att > self.attention) & (fmax > 0) & varies
         near = refine.copy()
         for _ in range(self.buffer):
             near |= near[grid.stencil].any(axis=1)
         refine = near & (grid.order < grid.order_max)
         negligible = ~significant
-        smooth = (var < self.coarsen * self.variation) & (2.0 * att <= self.attention)
+        smooth = (var < self.coarsen * self.variation) & ((2.0 * att <= self.attention)
+                                                          | (2.0 * var <= self.attention_variation))
         coarsen = ~near & (negligible | smooth)
         return refine, coarsen
 

@@ -86,19 +86,22 @@ def terminal(rec: dict) -> dict:
     return out
 
 
-def refinement_name(attended: bool, attended_floor: float | None = None) -> str:
+def refinement_name(attended: bool, attended_floor: float | None = None, attention_variation: float = 0.0) -> str:
     """How the report and the figure name a ladder's refinement."""
-    if not attended:
-        return "default"
-    return "attended" if attended_floor is None else f"attended, sigma floor {attended_floor:g}"
+    name = ("default" if not attended else
+            "attended" if attended_floor is None else f"attended, sigma floor {attended_floor:g}")
+    return name if not attention_variation else f"{name}, attention where f varies > {attention_variation:g}"
 
 
 def spec(beta: float, nside_max: int, nside_min: int | None = None, attended: bool = False,
-         attended_floor: float | None = None, f0: str = "perturbed"):
+         attended_floor: float | None = None, f0: str = "perturbed", attention_variation: float = 0.0,
+         t_end: float | None = None):
     """The sweep of one level (one member); ``nside_min`` other than NSIDE_MIN (the tails' resolution,
     see the README), the attended refinement (``Refinement(attended=True)``) and its own floor for the
     attention density (``attended_floor``, below the mass floor 1e-4) get sweep names of their own, and so
-    does the uniform f0 (``f0="uniform"``, adaptive_uniform.py) instead of the study's perturbed one."""
+    does the uniform f0 (``f0="uniform"``, adaptive_uniform.py) instead of the study's perturbed one, and
+    the attention criterion confined to where f varies (``attention_variation``, ``Refinement``), and a run
+    to another end time than T_END (``t_end``: a level run for t_exit and the plateau, which lie before it)."""
     if f0 not in ("perturbed", "uniform"):
         raise ValueError(f"f0 must be 'perturbed' or 'uniform', got {f0!r}")
     from spherepde.sweeps import parse_sweep
@@ -110,19 +113,23 @@ def spec(beta: float, nside_max: int, nside_min: int | None = None, attended: bo
         base["grid"]["attended"] = True
         if attended_floor is not None:
             base["grid"]["attended_floor"] = float(attended_floor)
+    if attention_variation:
+        base["grid"]["attention_variation"] = float(attention_variation)
     base["initial"]["sample"] = "average"
     if f0 == "uniform":
         base["initial"] = {"type": "uniform"}
     base["model"]["beta"] = float(beta)
-    base["time"]["t_end"] = T_END
+    base["time"]["t_end"] = T_END if t_end is None else float(t_end)
     tag = (("" if nmin == NSIDE_MIN else f"_min{nmin}") + ("_att" if attended else "")
            + (f"_af{attended_floor:g}" if attended and attended_floor is not None else "")
-           + ("_uniform" if f0 == "uniform" else ""))
+           + (f"_av{attention_variation:g}" if attention_variation else "")
+           + ("_uniform" if f0 == "uniform" else "") + ("" if t_end is None else f"_T{t_end:g}"))
     return parse_sweep({"sweep": {"name": f"fig4_adaptive_b{beta:g}_{nside_max}{tag}"}, "base": base}, base_dir=HERE)
 
 
 def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None = None,
-           attended: bool = False, attended_floor: float | None = None, f0: str = "perturbed") -> dict | None:
+           attended: bool = False, attended_floor: float | None = None, f0: str = "perturbed",
+           attention_variation: float = 0.0, t_end: float | None = None) -> dict | None:
     """The record of one level (None if it has not been run and ``run`` is false). The per-frame series
     (alignments, W2 to Pi#rho_0 of the initial measure, cells) and the run's scalars come from the sweep's
     dataset (``spherepde.sweeps.member_record``); the results file is read for the last state only."""
@@ -133,7 +140,8 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     from validation.fig3_density.common import PAPER_B
 
     attended_floor = attended_floor if attended else None
-    sp_ = spec(beta, nside_max, nside_min, attended, attended_floor, f0)
+    sp_ = spec(beta, nside_max, nside_min, attended, attended_floor, f0, attention_variation, t_end)
+    T = T_END if t_end is None else float(t_end)
     out = RUNS / sp_.name
     if run:
         ds = sweep(sp_, out, workers=1, quiet=True, progress=False)
@@ -145,7 +153,7 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     else:
         return None
     t = np.asarray(ds["time"].values, float)
-    if str(ds["status"].values) != "done" or t[-1] < T_END - 1e-9:
+    if str(ds["status"].values) != "done" or t[-1] < T - 1e-9:
         return None
     rows = {k: np.asarray(ds[src].values, float).tolist() for k, src in
             (("align_E", "alignment_E"), ("align_F", "alignment_F"), ("align_Fabs", "alignment_F_abs"),
@@ -157,6 +165,7 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     aE, aF = np.asarray(rows["align_E"]), np.asarray(rows["align_F"])
     rec = {"beta": beta, "f0": f0, "nside_max": int(nside_max), "nside_min": sp_.members()[0].config.grid.nside_min,
            "attended": bool(attended), "attended_floor": attended_floor,
+           "attention_variation": float(attention_variation), "t_end": T,
            "times": t.tolist(), **rows, "cells": cells,
            "t_exit": float(ds["t_exit"]), "t_EF": float(ds["t_EF"]),
            "t_exit_20": exit_time(t20, aE[in20]), "t_EF_20": transition_time(t20, aE[in20], aF[in20]),
@@ -194,6 +203,7 @@ def changes(recs: list[dict], by: str = "nside_max") -> list[dict]:
             x, y = a[q], b[q]
             row[q] = None if x is None or y is None else abs(y - x) / abs(y)
         row["t_EF_none_both"] = a["t_EF"] is None and b["t_EF"] is None
+        row["t_end"] = min(a.get("t_end", T_END), b.get("t_end", T_END))  # t_EF is known "none" up to this T
         ta, tb = terminal(a), terminal(b)
         for q in ("t_depart", "drift"):
             row[q] = None if ta[q] is None or tb[q] is None else abs(tb[q] - ta[q]) / abs(tb[q])
@@ -210,8 +220,13 @@ def verdict(c: dict) -> str:
     if c["t_EF"] is not None:
         return "yes" if c["t_EF"] <= BAR["t_EF"] else "t_exit and the plateau: yes; t_EF: no"
     if c["t_EF_none_both"]:
-        return f"t_exit and the plateau: yes; t_EF: reached by T = {T_END:g} at neither level"
+        return f"t_exit and the plateau: yes; t_EF: reached by T = {c.get('t_end', T_END):g} at neither level"
     return "t_exit and the plateau: yes; t_EF: no (reached by T at one level only)"
+
+
+def _t_end_note(r: dict) -> str:
+    t = r.get("t_end", T_END)
+    return "" if t == T_END else f" (T = {t:g})"
 
 
 def report(recs: list[dict]) -> str:
@@ -221,7 +236,8 @@ def report(recs: list[dict]) -> str:
     L = ["# Figure 4's perturbed runs on adaptive grids (validation/fig4_concentration/adaptive.py)", "",
          f"The study's perturbed f0 (eps = 0.05), its base configuration, on AdaptiveHealpixGrid(nside_min, "
          f"nside_max) with the default refinement or the attended one (Refinement(attended=True): cells that "
-         f"carry attention weight count as mass), to T = {T_END:g}. The plateau is min W2(rho_t, Pi#rho_0) over "
+         f"carry attention weight count as mass), to T = {T_END:g} (a level run to another T says so beside its "
+         f"nside_max; its t_EF and readings at T are those by that T). The plateau is min W2(rho_t, Pi#rho_0) over "
          f"t <= {T_FIG4:g}; t_exit and t_EF over the whole run (\"none\": not by T); t(F > 0.1) the first saved "
          "time at which the alignment with F exceeds 0.1 (the stall cone has none); at T, the share of the "
          "attention weight at the heaviest cell that comes from the tails (cells below 1e-6 of its mass), the "
@@ -231,7 +247,7 @@ def report(recs: list[dict]) -> str:
          "mass drift | min f |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(recs, key=key):
         L.append(f"| {r['beta']:g} | {refinement_name(*refinement_of(r))} | "
-                 f"{r.get('nside_min', NSIDE_MIN)} | {r['nside_max']} | {f(r['t_exit'])} | "
+                 f"{r.get('nside_min', NSIDE_MIN)} | {r['nside_max']}{_t_end_note(r)} | {f(r['t_exit'])} | "
                  f"{f(r['t_EF'])} | {f(r.get('t_F_01'))} | {r['plateau_w2']:.4f} ({r['argmin_w2']:.2f}) | "
                  f"{r['align_E'][-1]:.3f} / {r['align_F'][-1]:.3f} / {r['align_Fabs'][-1]:.3f} | "
                  f"{r.get('tail_share_T', float('nan')):.3f} / {r.get('tail_mass_T', float('nan')):.1e} | "
@@ -352,13 +368,14 @@ def terminal_figure(recs: list[dict], path: Path) -> None:
 
 
 def refinement_of(rec: dict) -> tuple:
-    """(attended, attended_floor) of a record (records before the attended floor have neither or one)."""
+    """(attended, attended_floor, attention_variation) of a record (records before the attended floor have
+    neither or one; records before attention_variation have none: 0)."""
     att = bool(rec.get("attended", False))
-    return att, (rec.get("attended_floor") if att else None)
+    return att, (rec.get("attended_floor") if att else None), float(rec.get("attention_variation") or 0.0)
 
 
 def _order(ref: tuple) -> tuple:
-    return ref[0], -(ref[1] if ref[1] is not None else math.inf)
+    return ref[0], -(ref[1] if ref[1] is not None else math.inf), ref[2]
 
 
 def key(rec: dict) -> tuple:
@@ -366,12 +383,14 @@ def key(rec: dict) -> tuple:
 
 
 def ladder(recs: list[dict], attended: bool = False, attended_floor: float | None = None,
-           nside_min: int = NSIDE_MIN) -> list[dict]:
+           attention_variation: float = 0.0, nside_min: int = NSIDE_MIN) -> list[dict]:
     """The ladder proper: the levels on the default coarsest cells (or ``nside_min``), by beta and nside_max;
     ``attended``: the ladder of the attended refinement (``Refinement(attended=True)``) instead of the default
-    one, with the attention density's own floor ``attended_floor`` (None: the mass floor)."""
+    one, with the attention density's own floor ``attended_floor`` (None: the mass floor), and the attention
+    criterion where f varies by more than ``attention_variation`` (0: wherever f is significant)."""
     return sorted((r for r in recs if r.get("nside_min", NSIDE_MIN) == nside_min
-                   and refinement_of(r) == (attended, attended_floor if attended else None)), key=key)
+                   and refinement_of(r) == (attended, attended_floor if attended else None,
+                                            float(attention_variation))), key=key)
 
 
 def ladders(recs: list[dict], by: str) -> dict:
@@ -396,6 +415,12 @@ def main(argv=None):
     ap.add_argument("--attended-floor", type=float, default=None,
                     help="with --attended: the attention density (relative to max f) from which a cell counts "
                          "as significant (default: the mass floor 1e-4)")
+    ap.add_argument("--attention-variation", type=float, default=0.0,
+                    help="the attention criterion only where f varies over a cell's stencil by more than this "
+                         "(Refinement.attention_variation; default 0: wherever f is significant)")
+    ap.add_argument("--t-end", type=float, default=None,
+                    help=f"run the levels to this T instead of {T_END:g} (for t_exit and the plateau; t_EF and the "
+                         "terminal readings are then those by this T)")
     ap.add_argument("--report-only", action="store_true", help="only the levels already run")
     a = ap.parse_args(argv)
     old = {}
@@ -404,7 +429,8 @@ def main(argv=None):
     for beta in a.beta:
         for nmax in a.nside_max:
             rec = member(beta, nmax, run=not a.report_only, nside_min=a.nside_min, attended=a.attended,
-                         attended_floor=a.attended_floor)
+                         attended_floor=a.attended_floor, attention_variation=a.attention_variation,
+                         t_end=a.t_end)
             if rec is not None:
                 old[key(rec)] = rec
                 print(f"beta {beta:g} nside_max {nmax}: t_exit {rec['t_exit']}, t_EF {rec['t_EF']}, "
