@@ -60,9 +60,18 @@ F_DEPART = 0.2
 DRIFT_WINDOW = (20.0, 28.0)
 #: The tails: cells below this fraction of the heaviest cell's mass (their share of the attention weight).
 TAIL_FRACTION = 1e-6
-#: The ladder taken for a beta that has no ladder of the default refinement on the default coarsest cells
-#: (ladder.csv, adaptive.png): the attended refinement on nside 32 cells (beta 100: the one run there).
-FALLBACK_LADDER = {"attended": True, "nside_min": 32}
+#: The ladders taken for a beta that has no ladder of the default refinement on the default coarsest cells
+#: (ladder.csv, adaptive.png): the attended refinement on nside 32 cells, with the attention criterion where f
+#: varies (the beta 100 ladder to nside_max 512) or everywhere (beta 100's first two levels); of these, the one
+#: with the most levels at that beta (the first of them on a tie): :func:`fallback_ladder`.
+FALLBACK_LADDERS = ({"attended": True, "nside_min": 32, "attention_variation": 0.25},
+                    {"attended": True, "nside_min": 32})
+
+
+def fallback_ladder(recs: list[dict], beta: float) -> list[dict]:
+    """The ladder of FALLBACK_LADDERS with the most levels at ``beta`` ([] if none has one)."""
+    cands = [[r for r in ladder(recs, **kw) if r["beta"] == beta] for kw in FALLBACK_LADDERS]
+    return max(cands, key=len)
 
 
 def terminal(rec: dict) -> dict:
@@ -442,9 +451,9 @@ def main(argv=None):
     if recs:
         refs = sorted({refinement_of(r) for r in recs}, key=_order)
         rows = [r for ref in refs for r in ladder(recs, *ref)]
-        # a beta whose only attended ladder is the fallback one (beta 100) gets that one
+        # a beta without a ladder on the default coarsest cells (beta 100) gets its fallback ladders
         have = {(r["beta"], refinement_of(r)) for r in rows}
-        rows += [r for r in ladder(recs, **FALLBACK_LADDER) if (r["beta"], refinement_of(r)) not in have]
+        rows += [r for kw in FALLBACK_LADDERS for r in ladder(recs, **kw) if (r["beta"], refinement_of(r)) not in have]
         figure(rows, OUT / "adaptive.png")
         terminal_figure(recs, OUT / "terminal.png")
     print(report(recs))

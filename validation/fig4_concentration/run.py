@@ -97,17 +97,19 @@ def ladder_rows(recs, adaptive=()) -> list[dict]:
 def adaptive_rows() -> list[dict]:
     """The adaptive ladders: adaptive.py's of the perturbed f0 (adaptive.json: per beta its levels of the
     default refinement on the default coarsest cells, or where there are none those of adaptive.py's
-    FALLBACK_LADDER; not the runs that vary them) and adaptive_uniform.py's of the uniform f0
+    fallback_ladder's where it has two levels or more; not the runs that vary them) and adaptive_uniform.py's of the uniform f0
     (adaptive_uniform.json, whose records carry f0 "uniform"); [] where none has been run."""
-    from validation.fig4_concentration.adaptive import FALLBACK_LADDER, ladder
+    from validation.fig4_concentration.adaptive import fallback_ladder, ladder
 
     p, u = HERE / "adaptive.json", HERE / "adaptive_uniform.json"
     out = []
     if p.exists():
         recs = json.loads(p.read_text())["rows"]
-        main, other = ladder(recs), ladder(recs, **FALLBACK_LADDER)
+        main = ladder(recs)
         have = {r["beta"] for r in main}
-        out = main + [r for r in other if r["beta"] not in have]
+        # a fallback ladder replaces the uniform grids' rows from two levels on (one level is no ladder)
+        out = main + [r for beta in sorted({r["beta"] for r in recs} - have) for r in fallback_ladder(recs, beta)
+                      if len(fallback_ladder(recs, beta)) >= 2]
     if u.exists():
         out += json.loads(u.read_text())["records"]
     return out
