@@ -641,11 +641,9 @@ class Solver:
                 c = (t - tn) / (tn - tp)
                 jump = a - (an + c * (an - ap))
                 self._field_err = float(np.sum(w * np.abs(jump).sum(axis=1))) / scale if scale > 0 else 0.0
-                if means is not None and mp is not None and mn is not None:
-                    dm = [m - (n + c * (n - q)) for m, n, q in zip(means, mn, mp)]
-                    mp, mn = [q + d for q, d in zip(mp, dm)], [n + d for n, d in zip(mn, dm)]
-                else:
-                    mp = mn = None  # (no means to shift: the next regrid drops the history)
+                # (a moved history always has means: _move_history drops one without; the caller passes them)
+                dm = [m - (n + c * (n - q)) for m, n, q in zip(means, mn, mp)]
+                mp, mn = [q + d for q, d in zip(mp, dm)], [n + d for n, d in zip(mn, dm)]
                 self._history = [(tp, ap + jump, mp), (tn, an + jump, mn)]
             else:
                 d2 = ((a - an) / (t - tn) - (an - ap) / (tn - tp)) / (t - tp)  # second divided difference

@@ -150,7 +150,8 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
 
     attended_floor = attended_floor if attended else None
     sp_ = spec(beta, nside_max, nside_min, attended, attended_floor, f0, attention_variation, t_end)
-    T = T_END if t_end is None else float(t_end)
+    cfg = sp_.members()[0].config
+    T = cfg.time.t_end
     out = RUNS / sp_.name
     if run:
         ds = sweep(sp_, out, workers=1, quiet=True, progress=False)
@@ -172,7 +173,7 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     in20 = t <= T_FIG4 + 1e-9
     t20 = t[in20]
     aE, aF = np.asarray(rows["align_E"]), np.asarray(rows["align_F"])
-    rec = {"beta": beta, "f0": f0, "nside_max": int(nside_max), "nside_min": sp_.members()[0].config.grid.nside_min,
+    rec = {"beta": beta, "f0": f0, "nside_max": int(nside_max), "nside_min": cfg.grid.nside_min,
            "attended": bool(attended), "attended_floor": attended_floor,
            "attention_variation": float(attention_variation), "t_end": T,
            "times": t.tolist(), **rows, "cells": cells,

@@ -108,8 +108,8 @@ def adaptive_rows() -> list[dict]:
         main = ladder(recs)
         have = {r["beta"] for r in main}
         # a fallback ladder replaces the uniform grids' rows from two levels on (one level is no ladder)
-        out = main + [r for beta in sorted({r["beta"] for r in recs} - have) for r in fallback_ladder(recs, beta)
-                      if len(fallback_ladder(recs, beta)) >= 2]
+        fallbacks = [fallback_ladder(recs, beta) for beta in sorted({r["beta"] for r in recs} - have)]
+        out = main + [r for lad in fallbacks if len(lad) >= 2 for r in lad]
     if u.exists():
         out += json.loads(u.read_text())["records"]
     return out
