@@ -293,6 +293,43 @@ def test_fig4_adaptive_attention_variation_and_t_end_are_ladders_and_sweeps_of_t
     assert A.refinement_of({"beta": 30.0, "nside_max": 64}) == (False, None, 0.0)  # records from before
 
 
+def test_fig4_adaptive_rtol_is_a_step_size_ladder_never_a_resolution_level():
+    """validation/fig4_concentration/adaptive.py --rtol: a level at another error-control tolerance is its own
+    sweep (``_rtol1e-04``) whose configuration carries that rtol; it never enters a resolution ladder (ladder,
+    ladders, hence ladder.csv and adaptive.png), and the report pairs it with the same level at the default
+    tolerance: the relative changes measured against the tighter tolerance's values, and the steps."""
+    from validation.fig4_concentration import adaptive as A
+
+    sp_ = A.spec(100.0, 128, 32, True, None, "perturbed", 0.25, 12.0, 1e-4)
+    assert sp_.name == "fig4_adaptive_b100_128_min32_att_av0.25_T12_rtol1e-04"
+    assert sp_.members()[0].config.scheme.rtol == 1e-4
+    assert A.spec(100.0, 128, 32, True, None, "perturbed", 0.25, 12.0).members()[0].config.scheme.rtol == 1e-3
+
+    def rec(n, rtol=None, t_exit=8.0, plateau=0.02, steps=1000):
+        return {"beta": 100.0, "nside_max": n, "nside_min": 32, "attended": True, "attended_floor": None,
+                "attention_variation": 0.25, "t_end": 12.0, "rtol": rtol, "t_exit": t_exit, "t_EF": None,
+                "plateau_w2": plateau, "argmin_w2": 5.0, "steps": steps, "wall_s": 10.0 * steps / 1000,
+                "times": [0.0, 1.0], "align_E": [0.3, 0.9], "align_F": [0.3, 0.0], "align_Fabs": [0.4, 0.1],
+                "W2": [0.1, 0.02], "cells": [10, 10], "max_cells": 10, "cells_T": 10, "mass_drift": 0.0,
+                "min_f": 0.0}
+
+    recs = [rec(64), rec(128), rec(128, 1e-4, t_exit=8.08, plateau=0.0201, steps=2800)]
+    assert len({A.key(r) for r in recs}) == 3  # both 128 levels kept side by side in adaptive.json
+    lad = A.ladder(recs, attended=True, attention_variation=0.25, nside_min=32)
+    assert [(r["nside_max"], r["rtol"]) for r in lad] == [(64, None), (128, None)]
+    assert all(len(v) == 2 for v in A.ladders(recs, "nside_max").values())
+    assert A.fallback_ladder(recs, 100.0) == lad
+    (p,) = A.step_pairs(recs)
+    assert p["nside_max"] == 128 and p["steps"] == (1000, 2800)
+    assert p["t_exit"] == pytest.approx(0.08 / 8.08) and p["plateau_w2"] == pytest.approx(1e-4 / 0.0201)
+    assert p["t_EF"] is None and A._pair(p, "t_EF") == "none by T at both"
+    text = A.report(recs)
+    assert "The step-size ladder" in text and "0.001 -> 0.0001" in text and "8.0000 -> 8.0800 (9.9e-03)" in text
+    assert A._t_end_note(recs[2]) == " (T = 12) (rtol 0.0001)"
+    # a level at another T than its default-tolerance twin is no pair
+    assert A.step_pairs([rec(128), {**rec(128, 1e-4), "t_end": 20.0}]) == []
+
+
 def test_fig4_beta100_ladder_on_disk_converges_with_the_attention_criterion_where_f_varies():
     """adaptive.json (README, "beta 100 converged"): the perturbed f0 at beta 100 on the attended refinement
     with the attention criterion where f varies by > 0.25 (nside 32 coarsest cells) has the levels 64 to 512,

@@ -24,7 +24,8 @@ that carry attention weight refined like mass), a ladder of its own, and ``--att
 attention density its own floor there.
 
 Usage: python validation/fig4_concentration/adaptive.py [--beta 30] [--nside-max 64 128 256] [--attended]
-[--attended-floor 1e-8] [--nside-min 32] (writes adaptive.md, adaptive.json, adaptive.png and terminal.png
+[--attended-floor 1e-8] [--nside-min 32] [--attention-variation 0.25] [--t-end 12] [--rtol 1e-4] (``--rtol``: the
+level at another error-control tolerance, a step-size ladder reported beside the same level at the default; writes adaptive.md, adaptive.json, adaptive.png and terminal.png
 beside this file; ``--report-only`` rebuilds them from the sweeps' directories without running anything
 new).
 """
@@ -104,13 +105,15 @@ def refinement_name(attended: bool, attended_floor: float | None = None, attenti
 
 def spec(beta: float, nside_max: int, nside_min: int | None = None, attended: bool = False,
          attended_floor: float | None = None, f0: str = "perturbed", attention_variation: float = 0.0,
-         t_end: float | None = None):
+         t_end: float | None = None, rtol: float | None = None):
     """The sweep of one level (one member); ``nside_min`` other than NSIDE_MIN (the tails' resolution,
     see the README), the attended refinement (``Refinement(attended=True)``) and its own floor for the
     attention density (``attended_floor``, below the mass floor 1e-4) get sweep names of their own, and so
     does the uniform f0 (``f0="uniform"``, adaptive_uniform.py) instead of the study's perturbed one, and
     the attention criterion confined to where f varies (``attention_variation``, ``Refinement``), and a run
-    to another end time than T_END (``t_end``: a level run for t_exit and the plateau, which lie before it)."""
+    to another end time than T_END (``t_end``: a level run for t_exit and the plateau, which lie before it),
+    and the error control's tolerance ``rtol`` other than its default (``[scheme] rtol``: the step-size
+    ladder of a level, never a level of the resolution ladders: :func:`ladder`)."""
     if f0 not in ("perturbed", "uniform"):
         raise ValueError(f"f0 must be 'perturbed' or 'uniform', got {f0!r}")
     from spherepde.sweeps import parse_sweep
@@ -129,16 +132,19 @@ def spec(beta: float, nside_max: int, nside_min: int | None = None, attended: bo
         base["initial"] = {"type": "uniform"}
     base["model"]["beta"] = float(beta)
     base["time"]["t_end"] = T_END if t_end is None else float(t_end)
+    if rtol is not None:
+        base["scheme"]["rtol"] = float(rtol)
     tag = (("" if nmin == NSIDE_MIN else f"_min{nmin}") + ("_att" if attended else "")
            + (f"_af{attended_floor:g}" if attended and attended_floor is not None else "")
            + (f"_av{attention_variation:g}" if attention_variation else "")
-           + ("_uniform" if f0 == "uniform" else "") + ("" if t_end is None else f"_T{t_end:g}"))
+           + ("_uniform" if f0 == "uniform" else "") + ("" if t_end is None else f"_T{t_end:g}")
+           + ("" if rtol is None else f"_rtol{rtol:.0e}"))
     return parse_sweep({"sweep": {"name": f"fig4_adaptive_b{beta:g}_{nside_max}{tag}"}, "base": base}, base_dir=HERE)
 
 
 def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None = None,
            attended: bool = False, attended_floor: float | None = None, f0: str = "perturbed",
-           attention_variation: float = 0.0, t_end: float | None = None) -> dict | None:
+           attention_variation: float = 0.0, t_end: float | None = None, rtol: float | None = None) -> dict | None:
     """The record of one level (None if it has not been run and ``run`` is false). The per-frame series
     (alignments, W2 to Pi#rho_0 of the initial measure, cells) and the run's scalars come from the sweep's
     dataset (``spherepde.sweeps.member_record``); the results file is read for the last state only."""
@@ -149,7 +155,7 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     from validation.fig3_density.common import PAPER_B
 
     attended_floor = attended_floor if attended else None
-    sp_ = spec(beta, nside_max, nside_min, attended, attended_floor, f0, attention_variation, t_end)
+    sp_ = spec(beta, nside_max, nside_min, attended, attended_floor, f0, attention_variation, t_end, rtol)
     cfg = sp_.members()[0].config
     T = cfg.time.t_end
     out = RUNS / sp_.name
@@ -176,6 +182,7 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     rec = {"beta": beta, "f0": f0, "nside_max": int(nside_max), "nside_min": cfg.grid.nside_min,
            "attended": bool(attended), "attended_floor": attended_floor,
            "attention_variation": float(attention_variation), "t_end": T,
+           "rtol": None if rtol is None else float(rtol),
            "times": t.tolist(), **rows, "cells": cells,
            "t_exit": float(ds["t_exit"]), "t_EF": float(ds["t_EF"]),
            "t_exit_20": exit_time(t20, aE[in20]), "t_EF_20": transition_time(t20, aE[in20], aF[in20]),
@@ -236,7 +243,36 @@ def verdict(c: dict) -> str:
 
 def _t_end_note(r: dict) -> str:
     t = r.get("t_end", T_END)
-    return "" if t == T_END else f" (T = {t:g})"
+    return ("" if t == T_END else f" (T = {t:g})") + ("" if not r.get("rtol") else f" (rtol {r['rtol']:g})")
+
+
+def step_pairs(recs: list[dict]) -> list[dict]:
+    """The step-size ladder: each level run at another error-control tolerance (``rtol``) beside the same
+    level at the default one (same beta, refinement, nside_min, nside_max and T), with the relative changes of
+    t_exit, t_EF and the plateau W2 (measured against the tighter tolerance's value) and the ratio of steps."""
+    base = {key(r): r for r in recs if not r.get("rtol")}
+    out = []
+    for r in sorted((r for r in recs if r.get("rtol")), key=key):
+        b = base.get(key({**r, "rtol": None}))
+        if b is None or b.get("t_end", T_END) != r.get("t_end", T_END):
+            continue
+        row = {"beta": r["beta"], "refinement": refinement_of(r), "nside_min": r.get("nside_min", NSIDE_MIN),
+               "nside_max": r["nside_max"], "t_end": r.get("t_end", T_END), "rtol": r["rtol"],
+               "steps": (b["steps"], r["steps"]), "wall_s": (b["wall_s"], r["wall_s"])}
+        for q in BAR:
+            x, y = b[q], r[q]
+            row[q] = None if x is None or y is None else abs(y - x) / abs(y)
+            row[q + "_pair"] = (x, y)
+        out.append(row)
+    return out
+
+
+def _pair(c: dict, q: str, p: int = 4) -> str:
+    """A step pair's reading ``q``: both values and their relative change (step_pairs)."""
+    x, y = c[q + "_pair"]
+    if x is None and y is None:
+        return "none by T at both"
+    return "-" if c[q] is None else f"{x:.{p}f} -> {y:.{p}f} ({c[q]:.1e})"
 
 
 def report(recs: list[dict]) -> str:
@@ -278,6 +314,21 @@ def report(recs: list[dict]) -> str:
                          + f" | {verdict(c)} | "
                          + " | ".join("-" if c[q] is None else f"{100 * c[q]:.1f} %" for q in ("t_depart", "drift"))
                          + " |")
+    pairs = step_pairs(recs)
+    if pairs:
+        from spherepde import Options
+
+        r0 = Options().rtol
+        L += ["", f"The step-size ladder: a level rerun with the error control's tolerance rtol below its default "
+              f"{r0:g} (every other run), against the same level at the default; relative changes (the bar "
+              "between resolution levels: 2 % in t_exit and t_EF, 5 % in the plateau):", "",
+              "| beta | refinement | nside_min | nside_max | T | rtol | t_exit | t_EF | plateau W2 | steps | wall s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for c in pairs:
+            L.append(f"| {c['beta']:g} | {refinement_name(*c['refinement'])} | {c['nside_min']} | {c['nside_max']} | "
+                     f"{c['t_end']:g} | {r0:g} -> {c['rtol']:g} | {_pair(c, 't_exit')} | {_pair(c, 't_EF')} | "
+                     f"{_pair(c, 'plateau_w2', 5)} | {c['steps'][0]} -> {c['steps'][1]} | "
+                     f"{c['wall_s'][0]:.0f} -> {c['wall_s'][1]:.0f} |")
     L += ["", f"The terminal phase's readings (README, \"What t_EF rests on\"): t_depart, the time at which the "
           f"alignment with F reaches {F_DEPART:g} after the exit (the stall cone left; linear between saved states); "
           f"the gap align E - align F one time unit later (the third state); the drift, the slope of "
@@ -348,7 +399,8 @@ def terminal_figure(recs: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sel = sorted((r for r in recs if refinement_of(r) == (True, None) and r["nside_max"] >= 128 and r["beta"] == 30.0),
+    sel = sorted((r for r in recs if refinement_of(r) == (True, None, 0.0) and not r.get("rtol")
+                  and r["nside_max"] >= 128 and r["beta"] == 30.0),
                  key=lambda r: (r.get("nside_min", NSIDE_MIN), r["nside_max"]))
     if not sel:
         return
@@ -389,7 +441,8 @@ def _order(ref: tuple) -> tuple:
 
 
 def key(rec: dict) -> tuple:
-    return (rec["beta"], rec.get("nside_min", NSIDE_MIN), *_order(refinement_of(rec)), rec["nside_max"])
+    return (rec["beta"], rec.get("nside_min", NSIDE_MIN), *_order(refinement_of(rec)), rec["nside_max"],
+            rec.get("rtol") or 0.0)
 
 
 def ladder(recs: list[dict], attended: bool = False, attended_floor: float | None = None,
@@ -398,7 +451,7 @@ def ladder(recs: list[dict], attended: bool = False, attended_floor: float | Non
     ``attended``: the ladder of the attended refinement (``Refinement(attended=True)``) instead of the default
     one, with the attention density's own floor ``attended_floor`` (None: the mass floor), and the attention
     criterion where f varies by more than ``attention_variation`` (0: wherever f is significant)."""
-    return sorted((r for r in recs if r.get("nside_min", NSIDE_MIN) == nside_min
+    return sorted((r for r in recs if r.get("nside_min", NSIDE_MIN) == nside_min and not r.get("rtol")
                    and refinement_of(r) == (attended, attended_floor if attended else None,
                                             float(attention_variation))), key=key)
 
@@ -409,6 +462,8 @@ def ladders(recs: list[dict], by: str) -> dict:
     fixed = "nside_min" if by == "nside_max" else "nside_max"
     out = {}
     for r in recs:
+        if r.get("rtol"):  # a step-size ladder's level (step_pairs), not a level of these
+            continue
         out.setdefault((r["beta"], refinement_of(r), r.get(fixed, NSIDE_MIN)), []).append(r)
     return {g: sorted(out[g], key=lambda r: r.get(by, NSIDE_MIN))
             for g in sorted(out, key=lambda g: (g[0], _order(g[1]), g[2]))}
@@ -431,6 +486,9 @@ def main(argv=None):
     ap.add_argument("--t-end", type=float, default=None,
                     help=f"run the levels to this T instead of {T_END:g} (for t_exit and the plateau; t_EF and the "
                          "terminal readings are then those by this T)")
+    ap.add_argument("--rtol", type=float, default=None,
+                    help="the error control's tolerance (default: Options().rtol): a step-size ladder's level, "
+                         "reported beside the same level at the default")
     ap.add_argument("--report-only", action="store_true", help="only the levels already run")
     a = ap.parse_args(argv)
     old = {}
@@ -440,7 +498,7 @@ def main(argv=None):
         for nmax in a.nside_max:
             rec = member(beta, nmax, run=not a.report_only, nside_min=a.nside_min, attended=a.attended,
                          attended_floor=a.attended_floor, attention_variation=a.attention_variation,
-                         t_end=a.t_end)
+                         t_end=a.t_end, rtol=a.rtol)
             if rec is not None:
                 old[key(rec)] = rec
                 print(f"beta {beta:g} nside_max {nmax}: t_exit {rec['t_exit']}, t_EF {rec['t_EF']}, "
