@@ -293,6 +293,35 @@ def test_fig4_adaptive_attention_variation_and_t_end_are_ladders_and_sweeps_of_t
     assert A.refinement_of({"beta": 30.0, "nside_max": 64}) == (False, None, 0.0)  # records from before
 
 
+def _fig4_rec(n, rtol=None, t_exit=8.0, plateau=0.02, steps=1000, beta=100.0):
+    """A record of fig4_concentration/adaptive.py with the fields its report reads (made-up values)."""
+    return {"beta": beta, "nside_max": n, "nside_min": 32, "attended": True, "attended_floor": None,
+            "attention_variation": 0.25, "t_end": 12.0, "rtol": rtol, "t_exit": t_exit, "t_EF": None,
+            "plateau_w2": plateau, "argmin_w2": 5.0, "steps": steps, "wall_s": 10.0 * steps / 1000,
+            "times": [0.0, 1.0], "align_E": [0.3, 0.9], "align_F": [0.3, 0.0], "align_Fabs": [0.4, 0.1],
+            "W2": [0.1, 0.02], "cells": [10, 10], "max_cells": 10, "cells_T": 10, "mass_drift": 0.0,
+            "min_f": 0.0}
+
+
+def test_fig4_adaptive_rows_of_concurrent_runs_are_merged_not_overwritten(tmp_path):
+    """adaptive.py merge_rows: a run that read adaptive.json before another run added its rows keeps them when
+    it adds its own (the read, merge and write are one locked step; before, each run wrote back the file as
+    it had read it at its start, and rows were lost when two levels ran at once); a row of the same key is
+    replaced, and adaptive.md follows the file."""
+    from validation.fig4_concentration import adaptive as A
+
+    assert A.merge_rows([], tmp_path) == [] and not (tmp_path / "adaptive.json").exists()
+    first = A.merge_rows([_fig4_rec(64)], tmp_path)  # run 1 starts, and has seen one row
+    A.merge_rows([_fig4_rec(128, beta=300.0)], tmp_path)  # run 2 adds its row meanwhile
+    rows = A.merge_rows([_fig4_rec(128)], tmp_path)  # run 1 adds its next row
+    assert len(first) == 1 and sorted((r["beta"], r["nside_max"]) for r in rows) == [(100.0, 64), (100.0, 128),
+                                                                                      (300.0, 128)]
+    rows = A.merge_rows([_fig4_rec(128, t_exit=7.5)], tmp_path)  # a level rerun replaces its row
+    assert len(rows) == 3 and [r["t_exit"] for r in rows if r["nside_max"] == 128 and r["beta"] == 100.0] == [7.5]
+    on_disk = json.loads((tmp_path / "adaptive.json").read_text())["rows"]
+    assert on_disk == rows and (tmp_path / "adaptive.md").read_text() == A.report(rows)
+
+
 def test_fig4_adaptive_rtol_is_a_step_size_ladder_never_a_resolution_level():
     """validation/fig4_concentration/adaptive.py --rtol: a level at another error-control tolerance is its own
     sweep (``_rtol1e-04``) whose configuration carries that rtol; it never enters a resolution ladder (ladder,
@@ -305,14 +334,7 @@ def test_fig4_adaptive_rtol_is_a_step_size_ladder_never_a_resolution_level():
     assert sp_.members()[0].config.scheme.rtol == 1e-4
     assert A.spec(100.0, 128, 32, True, None, "perturbed", 0.25, 12.0).members()[0].config.scheme.rtol == 1e-3
 
-    def rec(n, rtol=None, t_exit=8.0, plateau=0.02, steps=1000):
-        return {"beta": 100.0, "nside_max": n, "nside_min": 32, "attended": True, "attended_floor": None,
-                "attention_variation": 0.25, "t_end": 12.0, "rtol": rtol, "t_exit": t_exit, "t_EF": None,
-                "plateau_w2": plateau, "argmin_w2": 5.0, "steps": steps, "wall_s": 10.0 * steps / 1000,
-                "times": [0.0, 1.0], "align_E": [0.3, 0.9], "align_F": [0.3, 0.0], "align_Fabs": [0.4, 0.1],
-                "W2": [0.1, 0.02], "cells": [10, 10], "max_cells": 10, "cells_T": 10, "mass_drift": 0.0,
-                "min_f": 0.0}
-
+    rec = _fig4_rec
     recs = [rec(64), rec(128), rec(128, 1e-4, t_exit=8.08, plateau=0.0201, steps=2800)]
     assert len({A.key(r) for r in recs}) == 3  # both 128 levels kept side by side in adaptive.json
     lad = A.ladder(recs, attended=True, attention_variation=0.25, nside_min=32)

@@ -343,7 +343,7 @@ def report(recs: list[dict]) -> str:
         span = "none" if r["t_EF"] is None else f"{r['t_EF'] - m['t_depart'] - 1.0:.2f}"
         ratio = "-" if not m["drift"] else f"{m['gap'] / m['drift']:.2f}"
         L.append(f"| {r['beta']:g} | {refinement_name(*refinement_of(r))} | {r.get('nside_min', NSIDE_MIN)} | "
-                 f"{r['nside_max']} | {m['t_depart']:.2f} | {m['gap']:.3f} | "
+                 f"{r['nside_max']}{_t_end_note(r)} | {m['t_depart']:.2f} | {m['gap']:.3f} | "
                  + ("-" if m["drift"] is None else f"{m['drift']:.4f}") + f" | {span} | {ratio} | "
                  + ("-" if not m["drift"] else f"{1.0 / m['drift']:.0f}") + " |")
     return "\n".join(L) + "\n"
@@ -469,6 +469,29 @@ def ladders(recs: list[dict], by: str) -> dict:
             for g in sorted(out, key=lambda g: (g[0], _order(g[1]), g[2]))}
 
 
+def merge_rows(new: list[dict], out: Path | None = None) -> list[dict]:
+    """Add the records ``new`` to ``adaptive.json`` (a record of the same key replaced) and rewrite it and
+    ``adaptive.md``; returns all rows. The read, merge and write hold an exclusive lock on
+    ``adaptive.json.lock``, so that several runs of this script at once (one per beta or level, as the
+    ladders are run on this machine) each add their rows to what the others wrote, instead of writing back
+    the file as they read it when they started (which lost the rows another run had written meanwhile)."""
+    import fcntl
+
+    out = OUT if out is None else Path(out)
+    path = out / "adaptive.json"
+    with open(out / "adaptive.json.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        rows = {key(r): r for r in (json.loads(path.read_text())["rows"] if path.exists() else [])}
+        if new:
+            rows.update({key(r): r for r in new})
+            recs = [rows[k] for k in sorted(rows)]
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps({"nside_min": NSIDE_MIN, "t_end": T_END, "rows": recs}))
+            tmp.replace(path)  # atomic: a reader never sees half a file
+            (out / "adaptive.md").write_text(report(recs))
+        return [rows[k] for k in sorted(rows)]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--beta", type=float, nargs="+", default=BETAS)
@@ -491,22 +514,16 @@ def main(argv=None):
                          "reported beside the same level at the default")
     ap.add_argument("--report-only", action="store_true", help="only the levels already run")
     a = ap.parse_args(argv)
-    old = {}
-    if (OUT / "adaptive.json").exists():
-        old = {key(r): r for r in json.loads((OUT / "adaptive.json").read_text())["rows"]}
+    recs = merge_rows([])  # the rows of every earlier run (another process may be adding its own)
     for beta in a.beta:
         for nmax in a.nside_max:
             rec = member(beta, nmax, run=not a.report_only, nside_min=a.nside_min, attended=a.attended,
                          attended_floor=a.attended_floor, attention_variation=a.attention_variation,
                          t_end=a.t_end, rtol=a.rtol)
             if rec is not None:
-                old[key(rec)] = rec
                 print(f"beta {beta:g} nside_max {nmax}: t_exit {rec['t_exit']}, t_EF {rec['t_EF']}, "
                       f"plateau {rec['plateau_w2']:.4f}, cells {rec['max_cells']}, {rec['wall_s']:.0f} s", flush=True)
-            recs = [old[k] for k in sorted(old)]
-            (OUT / "adaptive.json").write_text(json.dumps({"nside_min": NSIDE_MIN, "t_end": T_END, "rows": recs}))
-            (OUT / "adaptive.md").write_text(report(recs))
-    recs = [old[k] for k in sorted(old)]
+                recs = merge_rows([rec])
     if recs:
         refs = sorted({refinement_of(r) for r in recs}, key=_order)
         rows = [r for ref in refs for r in ladder(recs, *ref)]
