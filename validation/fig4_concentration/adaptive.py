@@ -61,6 +61,8 @@ F_DEPART = 0.2
 DRIFT_WINDOW = (20.0, 28.0)
 #: The tails: cells below this fraction of the heaviest cell's mass (their share of the attention weight).
 TAIL_FRACTION = 1e-6
+#: The alignment with E below which the density has left E's plateau (``leave_plateau``).
+E_PLATEAU = 0.99
 #: The ladders taken for a beta that has no ladder of the default refinement on the default coarsest cells
 #: (ladder.csv, adaptive.png): the attended refinement on nside 32 cells, with the attention criterion where f
 #: varies (the beta 100 ladder to nside_max 512) or everywhere (beta 100's first two levels); of these, the one
@@ -210,6 +212,18 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     return rec
 
 
+def leave_plateau(rec: dict) -> float | None:
+    """t(E < E_PLATEAU): when the alignment with E falls back below E_PLATEAU after having exceeded it (linear
+    between saved states; None if not by T): the departure from E's plateau. Where the density leaves E
+    decisively it comes shortly before t_exit (beta 100, nside_max 512: 6.65 against 7.86); at beta 300 align E
+    falls from 1 to ~0.93 and then drifts, so t_exit (the 0.9 crossing) lies on that drift, long after it
+    (README, "beta 300")."""
+    from spherepde.diagnostics import exit_time
+
+    t = exit_time(rec["times"], rec["align_E"], E_PLATEAU)
+    return float(t) if math.isfinite(t) else None
+
+
 def changes(recs: list[dict], by: str = "nside_max") -> list[dict]:
     """Relative change of t_exit, t_EF and the plateau W2 between consecutive levels of one beta (levels of
     ``by``: nside_max, or nside_min for the tails' resolution at a fixed nside_max)."""
@@ -224,6 +238,8 @@ def changes(recs: list[dict], by: str = "nside_max") -> list[dict]:
         ta, tb = terminal(a), terminal(b)
         for q in ("t_depart", "drift"):
             row[q] = None if ta[q] is None or tb[q] is None else abs(tb[q] - ta[q]) / abs(tb[q])
+        la, lb = leave_plateau(a), leave_plateau(b)
+        row["t_leave"] = None if la is None or lb is None else abs(lb - la) / abs(lb)
         out.append(row)
     return out
 
@@ -284,16 +300,18 @@ def report(recs: list[dict]) -> str:
          f"nside_max) with the default refinement or the attended one (Refinement(attended=True): cells that "
          f"carry attention weight count as mass), to T = {T_END:g} (a level run to another T says so beside its "
          f"nside_max; its t_EF and readings at T are those by that T). The plateau is min W2(rho_t, Pi#rho_0) over "
-         f"t <= {T_FIG4:g}; t_exit and t_EF over the whole run (\"none\": not by T); t(F > 0.1) the first saved "
+         f"t <= {T_FIG4:g}; t_exit and t_EF over the whole run (\"none\": not by T); t(E < {E_PLATEAU:g}) the departure "
+         "from E's plateau (align E falls back below it); t(F > 0.1) the first saved "
          "time at which the alignment with F exceeds 0.1 (the stall cone has none); at T, the share of the "
          "attention weight at the heaviest cell that comes from the tails (cells below 1e-6 of its mass), the "
          "tails' mass and the heaviest cell's share of the mass.", "",
-         "| beta | refinement | nside_min | nside_max | t_exit | t_EF | t(F > 0.1) | plateau W2 (at t) | final align E / F / F_abs | "
-         "tails' attention share / mass at T | heaviest cell at T | cells at most / at T | steps | wall s | "
-         "mass drift | min f |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+         f"| beta | refinement | nside_min | nside_max | t(E < {E_PLATEAU:g}) | t_exit | t_EF | t(F > 0.1) | plateau W2 (at t) | "
+         "final align E / F / F_abs | tails' attention share / mass at T | heaviest cell at T | cells at most / at T | "
+         "steps | wall s | mass drift | min f |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(recs, key=key):
         L.append(f"| {r['beta']:g} | {refinement_name(*refinement_of(r))} | "
-                 f"{r.get('nside_min', NSIDE_MIN)} | {r['nside_max']}{_t_end_note(r)} | {f(r['t_exit'])} | "
+                 f"{r.get('nside_min', NSIDE_MIN)} | {r['nside_max']}{_t_end_note(r)} | {f(leave_plateau(r))} | "
+                 f"{f(r['t_exit'])} | "
                  f"{f(r['t_EF'])} | {f(r.get('t_F_01'))} | {r['plateau_w2']:.4f} ({r['argmin_w2']:.2f}) | "
                  f"{r['align_E'][-1]:.3f} / {r['align_F'][-1]:.3f} / {r['align_Fabs'][-1]:.3f} | "
                  f"{r.get('tail_share_T', float('nan')):.3f} / {r.get('tail_mass_T', float('nan')):.1e} | "
@@ -303,8 +321,8 @@ def report(recs: list[dict]) -> str:
     L += ["", "Relative change between consecutive levels (the issue's bar: t_exit and t_EF <= 2 %, plateau W2 "
           "<= 5 % between the two finest), per ladder in nside_max (one per refinement and nside_min), then per "
           "ladder in nside_min (the tails' resolution) at a fixed nside_max:", "",
-          "| beta | refinement | levels | t_exit | t_EF | plateau W2 | within the bar | t_depart | drift |",
-          "|---|---|---|---|---|---|---|---|---|"]
+          f"| beta | refinement | levels | t_exit | t_EF | plateau W2 | within the bar | t(E < {E_PLATEAU:g}) | t_depart | "
+          "drift |", "|---|---|---|---|---|---|---|---|---|---|"]
     for by, fixed in (("nside_max", "nside_min"), ("nside_min", "nside_max")):
         for (beta, ref, level), sel in ladders(recs, by).items():
             for c in changes(sel, by):
@@ -312,7 +330,8 @@ def report(recs: list[dict]) -> str:
                          f"{c['levels'][1]} | "
                          + " | ".join("-" if c[q] is None else f"{100 * c[q]:.1f} %" for q in BAR)
                          + f" | {verdict(c)} | "
-                         + " | ".join("-" if c[q] is None else f"{100 * c[q]:.1f} %" for q in ("t_depart", "drift"))
+                         + " | ".join("-" if c[q] is None else f"{100 * c[q]:.1f} %"
+                                      for q in ("t_leave", "t_depart", "drift"))
                          + " |")
     pairs = step_pairs(recs)
     if pairs:
