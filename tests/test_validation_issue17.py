@@ -303,6 +303,23 @@ def _fig4_rec(n, rtol=None, t_exit=8.0, plateau=0.02, steps=1000, beta=100.0):
             "min_f": 0.0}
 
 
+def test_fig4_adaptive_departure_from_the_plateau_is_read_apart_from_the_exit():
+    """adaptive.py leave_plateau: the time align E falls back below 0.99 after exceeding it (linear between
+    saved states), which at beta 300 comes long before t_exit because align E stalls at ~0.93 above the exit's
+    0.9; None while E stays on its plateau; and its change between levels sits in the changes table."""
+    from validation.fig4_concentration import adaptive as A
+
+    t = [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    stall = {"times": t, "align_E": [0.33, 0.98, 1.0, 0.98, 0.93, 0.92]}  # 1.0 -> 0.98 crosses 0.99 at t = 5
+    assert A.leave_plateau(stall) == pytest.approx(5.0)
+    assert A.leave_plateau({"times": t, "align_E": [0.33, 0.98, 1.0, 1.0, 0.999, 0.995]}) is None
+    flat = {"align_F": [0.3] + [0.0] * 5, "align_Fabs": [0.3] + [0.05] * 5, "W2": [1.0] + [0.02] * 5}
+    a = {**_fig4_rec(64), **stall, **flat}
+    b = {**_fig4_rec(128), **flat, "times": t, "align_E": [0.33, 0.98, 1.0, 0.96, 0.93, 0.92]}  # crosses at 4.5
+    (c,) = A.changes([a, b])
+    assert c["t_leave"] == pytest.approx(abs(4.5 - 5.0) / 4.5)
+
+
 def test_fig4_adaptive_rows_of_concurrent_runs_are_merged_not_overwritten(tmp_path):
     """adaptive.py merge_rows: a run that read adaptive.json before another run added its rows keeps them when
     it adds its own (the read, merge and write are one locked step; before, each run wrote back the file as
