@@ -637,17 +637,21 @@ class Solver:
             g = self.grid
             w = f[g.owner] + f[g.neighbour]
             scale = float(np.sum(w * np.abs(a).sum(axis=1)))  # not BLAS (see _error_ratio)
+
+            def relative(da):  # the measure above, of a change da of the face weights
+                return float(np.sum(w * np.abs(da).sum(axis=1))) / scale if scale > 0 else 0.0
+
             if self._history_moved:
                 c = (t - tn) / (tn - tp)
                 jump = a - (an + c * (an - ap))
-                self._field_err = float(np.sum(w * np.abs(jump).sum(axis=1))) / scale if scale > 0 else 0.0
+                self._field_err = relative(jump)
                 # (a moved history always has means: _move_history drops one without; the caller passes them)
                 dm = [m - (n + c * (n - q)) for m, n, q in zip(means, mn, mp)]
                 mp, mn = [q + d for q, d in zip(mp, dm)], [n + d for n, d in zip(mn, dm)]
                 self._history = [(tp, ap + jump, mp), (tn, an + jump, mn)]
             else:
                 d2 = ((a - an) / (t - tn) - (an - ap) / (tn - tp)) / (t - tp)  # second divided difference
-                self._field_curv = float(np.sum(w * np.abs(d2).sum(axis=1))) / scale if scale > 0 else 0.0
+                self._field_curv = relative(d2)
                 self._field_err = self._field_curv * (t - tn) * (t - tp)  # = |a - extrapolation(t)| / |a|
         self._history_moved = False
         self._history = (self._history + [(t, a, means)])[-2:]

@@ -224,6 +224,11 @@ def leave_plateau(rec: dict) -> float | None:
     return float(t) if math.isfinite(t) else None
 
 
+def _rel(x: float | None, y: float | None) -> float | None:
+    """|y - x| / |y|, the relative change from x to y (None where either is None)."""
+    return None if x is None or y is None else abs(y - x) / abs(y)
+
+
 def changes(recs: list[dict], by: str = "nside_max") -> list[dict]:
     """Relative change of t_exit, t_EF and the plateau W2 between consecutive levels of one beta (levels of
     ``by``: nside_max, or nside_min for the tails' resolution at a fixed nside_max)."""
@@ -231,15 +236,13 @@ def changes(recs: list[dict], by: str = "nside_max") -> list[dict]:
     for a, b in zip(recs, recs[1:]):
         row = {"beta": b["beta"], "levels": [a.get(by, NSIDE_MIN), b.get(by, NSIDE_MIN)]}
         for q in BAR:
-            x, y = a[q], b[q]
-            row[q] = None if x is None or y is None else abs(y - x) / abs(y)
+            row[q] = _rel(a[q], b[q])
         row["t_EF_none_both"] = a["t_EF"] is None and b["t_EF"] is None
         row["t_end"] = min(a.get("t_end", T_END), b.get("t_end", T_END))  # t_EF is known "none" up to this T
         ta, tb = terminal(a), terminal(b)
         for q in ("t_depart", "drift"):
-            row[q] = None if ta[q] is None or tb[q] is None else abs(tb[q] - ta[q]) / abs(tb[q])
-        la, lb = leave_plateau(a), leave_plateau(b)
-        row["t_leave"] = None if la is None or lb is None else abs(lb - la) / abs(lb)
+            row[q] = _rel(ta[q], tb[q])
+        row["t_leave"] = _rel(leave_plateau(a), leave_plateau(b))
         out.append(row)
     return out
 
@@ -276,9 +279,7 @@ def step_pairs(recs: list[dict]) -> list[dict]:
                "nside_max": r["nside_max"], "t_end": r.get("t_end", T_END), "rtol": r["rtol"],
                "steps": (b["steps"], r["steps"]), "wall_s": (b["wall_s"], r["wall_s"])}
         for q in BAR:
-            x, y = b[q], r[q]
-            row[q] = None if x is None or y is None else abs(y - x) / abs(y)
-            row[q + "_pair"] = (x, y)
+            row[q], row[q + "_pair"] = _rel(b[q], r[q]), (b[q], r[q])
         out.append(row)
     return out
 
