@@ -126,7 +126,7 @@ def test_fig4_ladder_csv_is_the_contract_and_matches_the_runs(tmp_path):
     and the csv module): exactly the issue's columns in its order; one ladder per setting: the adaptive
     ladders of adaptive.json for the perturbed f0 at beta 30 (default refinement) and 100 (the attended one on
     nside 32 cells, the fallback) and those of adaptive_uniform.json for the uniform
-    f0 at beta 30 and 100 (values over t <= 20, as their records give them), the study's uniform-grid runs to T = 20
+    f0 at beta 30 and 100, and zero_temperature.json's for both f0 at beta = inf (values over t <= 20, as their records give them), the study's uniform-grid runs to T = 20
     (results.json) for every other setting; empty (NaN) where a time does
     not occur by T, each value equal to its run's; the file on disk is what the study writes now (not
     stale); eps is the amplitude the sweeps' base config gives the perturbed f0; the uniform ladders'
@@ -145,8 +145,9 @@ def test_fig4_ladder_csv_is_the_contract_and_matches_the_runs(tmp_path):
     recs = json.loads((here / "results.json").read_text())["runs"]
     ada = mod.adaptive_rows()
     on_ada = {(a.get("f0", "perturbed"), a["beta"]) for a in ada}
+    inf = float("inf")
     assert on_ada == {("perturbed", 30.0), ("perturbed", 100.0), ("perturbed", 300.0), ("perturbed", 1000.0),
-                      ("uniform", 30.0), ("uniform", 100.0)}
+                      ("uniform", 30.0), ("uniform", 100.0), ("perturbed", inf), ("uniform", inf)}
     assert all(sum((a.get("f0", "perturbed"), a["beta"]) == k for a in ada) >= 2 for k in on_ada)
     # beta 100's, 300's and 1000's perturbed ladders are fallback ones (no ladder of the default refinement
     # there): the one with the attention criterion where f varies on nside 32 coarsest cells, to nside_max 512
@@ -156,6 +157,15 @@ def test_fig4_ladder_csv_is_the_contract_and_matches_the_runs(tmp_path):
         sel = [a for a in ada if (a.get("f0", "perturbed"), a["beta"]) == ("perturbed", beta)]
         assert [a["nside_max"] for a in sel] == levels
         assert all(a.get("attended") and a["nside_min"] == 32 and a["attention_variation"] == 0.25 for a in sel)
+    # beta = inf, both f0: zero_temperature.py's ladder on the default coarsest cells and step (its variants in
+    # nside_min and rtol are not in it); no exit and no t_EF at any level (the exact solution has neither), and
+    # the plateau the finest cell's: it halves per level
+    for f0 in ("perturbed", "uniform"):
+        sel = [a for a in ada if (a.get("f0", "perturbed"), a["beta"]) == (f0, inf)]
+        assert [a["nside_max"] for a in sel] == [64, 128, 256, 512]
+        assert all(a["nside_min"] == 16 and not a.get("rtol") for a in sel)
+        assert all(a["t_exit_20"] is None and a["t_EF_20"] is None for a in sel)
+        assert all(1.9 < x["plateau_w2"] / y["plateau_w2"] < 2.1 for x, y in zip(sel, sel[1:]))
     with open(here / "ladder.csv", newline="") as fh:
         header = next(csv.reader(fh))
     assert tuple(header) == mod.LADDER_COLUMNS == ("beta", "f0", "eps", "nside_max", "t_exit", "t_EF",
@@ -163,7 +173,7 @@ def test_fig4_ladder_csv_is_the_contract_and_matches_the_runs(tmp_path):
     df = pd.read_csv(here / "ladder.csv")
     # both f0 at beta 30 and at beta 100, and the perturbed f0 at beta 300 and 1000, have an adaptive ladder
     replaced = [r for r in recs if (r["f0"], float(r["beta"])) in on_ada]
-    assert len(replaced) == 20 and len(df) == len(recs) - len(replaced) + len(ada)
+    assert len(replaced) == 26 and len(df) == len(recs) - len(replaced) + len(ada)
     by_key = {(r["f0"], str(r["beta"]), r["nside"]): r for r in recs}
     by_level = {(a.get("f0", "perturbed"), f"{a['beta']:g}", a["nside_max"]): a for a in ada}
     n_ada = 0
@@ -808,3 +818,110 @@ def test_transition_law_tails_section_pairs_the_same_level_and_amplitude():
     assert len(body) == 2  # 1e-3 has no base-16 partner
     assert body[0] == "| 5e-02 | 256 | 6.000000 / 6.300000 | 4.8e-02 | 12.000000 / 12.000000 | 0.0e+00 | 3000 / 12000 |"
     assert body[1].startswith("| 1e-02 | 256 | 8.000000 / 8.000000 | 0.0e+00 | none / 16.000000 | - |")
+
+
+def test_zero_temperature_exact_curves_match_independent_evaluations():
+    """fig4_concentration/zero_temperature.py's closed form of W2(rho_t, Pi#rho_0) and the alignments at
+    beta = inf, against three independent evaluations.
+    (a) Its characteristics X_t = e^{tA} x / |e^{tA} x| are those of the package's zero-temperature field
+        (solve_ivp of ZeroTemperature.velocity; 1e-8: the ODE's tolerances).
+    (b) The perturbed f0's cell masses on HEALPix nside 64 pushed along them, W2 by wasserstein2_two_atoms,
+        at t = 0.5 and 1, where the band |x_1| < e^{-2t} that carries W2 spans >= 8 cells: a midpoint
+        quadrature, relative error ~h^2 (measured below 1e-3); the perturbation must drop out.
+    (c) The raw integrands 2 (1 - |<X_t, e1>|) and <X_t, e_i>^2 integrated numerically in (u, phi) by nested
+        adaptive quadrature at t = 2, 3, 5, where (b) would need h << e^{-2t}: this checks the three
+        antiderivatives in u to 1e-6 (quad's tolerance 1e-9 with roundoff in 1 - u / sqrt(.)).
+    A sign or factor error in any u-integral is off by 1e-2 or more."""
+    import math
+
+    import numpy as np
+    from scipy import integrate
+    from scipy.integrate import solve_ivp
+
+    from spherepde import HealpixGrid, ZeroTemperature
+    from spherepde.config import MATRIX_PRESETS, perturbed_uniform
+    from spherepde.wasserstein import wasserstein2_two_atoms
+    from validation.fig4_concentration import zero_temperature as Z
+
+    p = MATRIX_PRESETS["paper"]
+    model = ZeroTemperature(p["B"], p["V"])
+    A = np.array([1.0, -1.0, -2.0])
+
+    def push(x, t):
+        y = x * np.exp(t * A)
+        return y / np.linalg.norm(y, axis=-1, keepdims=True)
+
+    x = np.random.default_rng(0).normal(size=(500, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    sol = solve_ivp(lambda t, y: model.velocity(y.reshape(-1, 3), t).ravel(), (0.0, 3.0), x.ravel(),
+                    rtol=1e-11, atol=1e-12)
+    assert np.abs(sol.y[:, -1].reshape(-1, 3) - push(x, 3.0)).max() < 1e-8  # (a)
+
+    g = HealpixGrid(64)
+    w = perturbed_uniform(g.centers, 0.05) * g.areas
+    e1 = np.array([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]])
+    m_plus = w[g.centers[:, 0] > 0].sum() / w.sum()
+    ex = Z.exact_curves([0.5, 1.0])
+    for k, t in enumerate((0.5, 1.0)):  # (b)
+        X = push(g.centers, t)
+        w2 = wasserstein2_two_atoms(X, w, e1, [m_plus, 1.0 - m_plus])
+        assert abs(w2 / ex["W2"][k] - 1.0) < 1e-3, (t, w2, ex["W2"][k])
+        for i, key in enumerate(("align_E", "align_F", "align_Fabs")):
+            a = float(np.sum(w * X[:, i] ** 2) / w.sum())
+            assert abs(a / ex[key][k] - 1.0) < 1e-3, (t, key, a, ex[key][k])
+
+    for t in (2.0, 3.0, 5.0):  # (c)
+        ex = Z.exact_curves([t])
+
+        def c(u, phi):
+            r = math.sqrt(1.0 - u * u)
+            return push(np.array([u, r * math.cos(phi), r * math.sin(phi)]), t)
+
+        band = math.exp(-2.0 * t)
+        inner = [lambda u, ph: 2.0 * (1.0 - abs(c(u, ph)[0]))] + [lambda u, ph, i=i: c(u, ph)[i] ** 2 for i in range(3)]
+        for f, key in zip(inner, ("W2", "align_E", "align_F", "align_Fabs")):
+            val = integrate.quad(lambda ph: integrate.quad(lambda u: f(u, ph), 0.0, 1.0, points=[band, 10 * band],
+                                                           epsabs=0.0, epsrel=1e-10, limit=200)[0],
+                                 0.0, math.pi / 2, epsabs=0.0, epsrel=1e-10, limit=200)[0]
+            val *= 8.0 / (4.0 * math.pi)  # u < 0 and the four quadrants of phi, rho = 1 / (4 pi)
+            got = math.sqrt(val) if key == "W2" else val
+            assert abs(got / ex[key][0] - 1.0) < 1e-6, (t, key, got, ex[key][0])
+    # the closed form's large-t limit: W2 ~ (2 / sqrt(pi)) e^{-t}, and the alignments sum to 1
+    late = Z.exact_curves([20.0])
+    assert abs(late["W2"][0] / (2.0 / np.sqrt(np.pi) * np.exp(-20.0)) - 1.0) < 1e-6
+    assert abs(sum(late[k][0] for k in ("align_E", "align_F", "align_Fabs")) - 1.0) < 1e-12
+
+
+def test_zero_temperature_ladder_on_disk():
+    """fig4_concentration/zero_temperature.json (beta = inf, committed runs) against the exact solution, the facts
+    its README section states: no level has an exit or a t_EF; the plateau is 0.75-0.80 h of the finest cell on
+    every level; refining nside_max alone on nside 16 coarsest cells stagnates (256 -> 512 moves each t(W2 <= w)
+    by under 0.05 %, ten times less than what stays between it and the exact time, >= 0.05 %); rtol 1e-4 moves
+    nothing (the same error to 5 %); and nside_min = nside_max / 4 converges to the exact times, each level's
+    error below 0.45 of the previous one (observed order >= 1.15; measured 1.55-1.94)."""
+    import json
+
+    from validation.fig4_concentration.zero_temperature import W2_LEVELS
+
+    d = json.loads((C.VALID / "fig4_concentration" / "zero_temperature.json").read_text())
+    rows = d["rows"]
+    assert rows and all(r["t_exit"] is None and r["t_EF"] is None for r in rows)
+    assert all(0.75 <= r["plateau_over_h"] <= 0.80 for r in rows), [r["plateau_over_h"] for r in rows]
+
+    def at(f0, nmin, nmax, rtol=None):
+        return next(r for r in rows if (r["f0"], r["nside_min"], r["nside_max"], r["rtol"]) == (f0, nmin, nmax, rtol))
+
+    for f0 in ("perturbed", "uniform"):
+        a, b = at(f0, 16, 256), at(f0, 16, 512)
+        for w in (f"{x:g}" for x in W2_LEVELS):
+            step = abs(b["t_w2"][w] - a["t_w2"][w]) / b["t_w2"][w]
+            assert step < 5e-4 and b["t_err"][w] >= 5e-4 and b["t_err"][w] > 10 * step, (f0, w, step, b["t_err"][w])
+    base, fine_step = at("perturbed", 16, 128), at("perturbed", 16, 128, 1e-4)
+    for w in (f"{x:g}" for x in W2_LEVELS):
+        assert abs(fine_step["t_err"][w] / base["t_err"][w] - 1.0) < 0.05
+    joint = sorted((r for r in rows if r["f0"] == "perturbed" and r["rtol"] is None
+                    and r["nside_max"] == 4 * r["nside_min"]), key=lambda r: r["nside_max"])
+    assert [r["nside_max"] for r in joint][:3] == [64, 128, 256]
+    for a, b in zip(joint, joint[1:]):
+        for w in (f"{x:g}" for x in W2_LEVELS):
+            assert b["t_err"][w] < 0.45 * a["t_err"][w], (a["nside_max"], w, a["t_err"][w], b["t_err"][w])

@@ -200,13 +200,15 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     r = load(out / str(ds["results_file"].values))
     g = r.grid_at(len(r.times) - 1)
     w = np.asarray(r.density[-1]) * g.areas
-    x = g.centers[int(np.argmax(w))]
-    e = float(beta) * (g.centers @ (PAPER_B @ x))
-    wk = w * np.exp(e - e.max())
     tail = w < TAIL_FRACTION * w.max()
-    rec["tail_share_T"] = float(wk[tail].sum() / wk.sum())
     rec["tail_mass_T"] = float(w[tail].sum())
     rec["top_cell_share_T"] = float(w.max() / w.sum())
+    rec["tail_share_T"] = None  # beta = inf: the field does not depend on f (MODEL.md (3)), no attention weights
+    if math.isfinite(beta):
+        x = g.centers[int(np.argmax(w))]
+        e = float(beta) * (g.centers @ (PAPER_B @ x))
+        wk = w * np.exp(e - e.max())
+        rec["tail_share_T"] = float(wk[tail].sum() / wk.sum())
     for k in ("t_exit", "t_EF", "t_exit_20", "t_EF_20"):
         rec[k] = None if not math.isfinite(rec[k]) else float(rec[k])
     return rec

@@ -97,11 +97,12 @@ def ladder_rows(recs, adaptive=()) -> list[dict]:
 def adaptive_rows() -> list[dict]:
     """The adaptive ladders: adaptive.py's of the perturbed f0 (adaptive.json: per beta its levels of the
     default refinement on the default coarsest cells, or where there are none those of adaptive.py's
-    fallback_ladder's where it has two levels or more; not the runs that vary them) and adaptive_uniform.py's of the uniform f0
-    (adaptive_uniform.json, whose records carry f0 "uniform"); [] where none has been run."""
+    fallback_ladder's where it has two levels or more; not the runs that vary them), adaptive_uniform.py's of the uniform f0
+    (adaptive_uniform.json, whose records carry f0 "uniform") and zero_temperature.py's at beta = inf, both f0
+    (zero_temperature.json); [] where none has been run."""
     from validation.fig4_concentration.adaptive import fallback_ladder, ladder
 
-    p, u = HERE / "adaptive.json", HERE / "adaptive_uniform.json"
+    p, u, z = HERE / "adaptive.json", HERE / "adaptive_uniform.json", HERE / "zero_temperature.json"
     out = []
     if p.exists():
         recs = json.loads(p.read_text())["rows"]
@@ -112,6 +113,8 @@ def adaptive_rows() -> list[dict]:
         out = main + [r for lad in fallbacks if len(lad) >= 2 for r in lad]
     if u.exists():
         out += json.loads(u.read_text())["records"]
+    if z.exists():  # beta = inf, both f0 (zero_temperature.py: the ladder against the exact solution)
+        out += json.loads(z.read_text())["records"]
     return out
 
 
