@@ -356,7 +356,8 @@ def test_fig4_beta300_exit_lies_on_the_tails_drift_on_disk():
     departure from E's plateau converges (its steps shrink to below 5 %) while t_exit, read where align E
     crosses 0.9 on the slow drift that follows, agrees to 0.3 % at every step; finer coarsest cells (nside 64,
     nside_max 128) move that t_exit by more than the 2 % bar and the departure by under 1 %: the exit is the
-    tails' reading. The plateau's last step stays above its 5 % bar (not converged)."""
+    tails' reading; nside_min 128 moves it back (not converged in nside_min). The plateau's last step stays above
+    its 5 % bar (not converged)."""
     import json
 
     from validation.fig4_concentration import adaptive as A
@@ -372,6 +373,17 @@ def test_fig4_beta300_exit_lies_on_the_tails_drift_on_disk():
     tails = [r for r in d["rows"] if r["beta"] == 300.0 and r["nside_min"] == 64 and r["nside_max"] == 128]
     (c,) = A.changes([next(r for r in lad if r["nside_max"] == 128), *tails], by="nside_min")
     assert c["t_exit"] > A.BAR["t_exit"] and c["t_leave"] < 0.01
+    # the nside_min ladder at nside_max 128 (32, 64, 128: the last the uniform nside 128 grid): the exit moves by
+    # more than the bar at both steps, back and forth (16.34, 16.86, 16.39), the departure by under 1 %, and the
+    # tails' share of the attention at T falls at each step (0.62, 0.50, 0.18)
+    mins = sorted((r for r in d["rows"] if r["beta"] == 300.0 and r["nside_max"] == 128 and not r.get("rtol")
+                   and r.get("attention_variation") == 0.25), key=lambda r: r["nside_min"])
+    assert [r["nside_min"] for r in mins] == [32, 64, 128]
+    ch = A.changes(mins, by="nside_min")
+    assert all(c["t_exit"] > A.BAR["t_exit"] and c["t_leave"] < 0.01 for c in ch)
+    assert (mins[1]["t_exit"] - mins[0]["t_exit"]) * (mins[2]["t_exit"] - mins[1]["t_exit"]) < 0
+    assert abs(mins[2]["t_exit"] / mins[0]["t_exit"] - 1.0) < 0.005
+    assert mins[0]["tail_share_T"] > mins[1]["tail_share_T"] > mins[2]["tail_share_T"]
 
 
 def test_fig4_adaptive_rtol_is_a_step_size_ladder_never_a_resolution_level():

@@ -185,14 +185,11 @@ def report(rows: list[dict], exact: dict) -> str:
                  + f" | {r['plateau_w2']:.5f} | {r['plateau_over_h']:.3f} | {r['max_cells']} / {r['cells_T']} | "
                  f"{r['steps']} | {r['wall_s']:.0f} | {r['mass_drift']:.1e} | {r['min_f']:.1e} |")
     L += ["", "Observed orders of the errors against the exact solution along each ladder (log2 of the errors' ratio "
-          "between consecutive levels, whose cells halve: in nside_max at a fixed nside_min, in nside_min at a fixed "
+          "between consecutive levels over log2 of their cells' ratio: in nside_max at a fixed nside_min, in nside_min at a fixed "
           "nside_max, and jointly at nside_max = 4 nside_min):", "",
           "| f0 | rtol | ladder | levels (nside_min / nside_max) | " + " | ".join(f"W2 at t = {s:g}" for s in W2_TIMES)
           + " | " + " | ".join(f"t(W2 <= {w:g})" for w in W2_LEVELS) + " | align E | plateau ratio |"]
     L.append(_rule(L[-1]))
-
-    def order(x, y):
-        return "-" if not x or not y else f"{math.log2(x / y):.2f}"
 
     for name, group, by in LADDERS:
         keys = sorted({(r["f0"], r["rtol"] or 1.0, group(r)) for r in rows})
@@ -201,6 +198,8 @@ def report(rows: list[dict], exact: dict) -> str:
             if name == "joint" and g[1] != 4:
                 continue
             for a, b in zip(rs, rs[1:]):
+                def order(x, y, a=a, b=b):  # per halving of the cells: the levels may be more than one apart
+                    return "-" if not x or not y else f"{math.log2(x / y) / math.log2(by(b) / by(a)):.2f}"
                 L.append(f"| {f0} | {_rtol(a)} | {name} ({g[0]} {g[1]}) | {a['nside_min']} / {a['nside_max']} -> "
                          f"{b['nside_min']} / {b['nside_max']} | "
                          + " | ".join(order(a["w2_err"][f"{s:g}"], b["w2_err"][f"{s:g}"]) for s in W2_TIMES) + " | "
