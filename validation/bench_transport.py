@@ -290,7 +290,9 @@ def main(argv=None):
         "non-temporal stores of the outflows ~1 %, within noise). The same code measured 6.05e7 (linear SSP-RK2",
         "median) on 2026-12-03 and 1.04e8 on 2026-12-05 with nothing else running; with another job running",
         "the medians of the same steps range over 1.6-2.9e-2 s. So on 2026-12-05 the bar was met at the median",
-        "on a quiet machine, with no margin (its lower quartile, 9.7e7, below it): a 1e8 that holds under load",
+        "on a quiet machine, with no margin (its lower quartile, 9.7e7, below it). A later check the same day",
+        "(the same linear SSP-RK2 steps at nside 256, 5 blocks of 20 steps, the one other job on the machine",
+        "stopped) read medians of 8.3-9.3e7: the bar is not met reliably, and a 1e8 that holds under load",
         "needs less work per cell.",
     ]
     text = "\n".join(lines) + "\n"
