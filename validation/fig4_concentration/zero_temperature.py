@@ -23,15 +23,17 @@ Align E rises monotonically to 1 (each <X_t, e1>^2 does): the exact solution has
 
 The ladder: ``AdaptiveHealpixGrid(16, nside_max)`` with the default refinement, the study's base
 configuration to T = 20 (adaptive.py's ``member`` with beta = inf, one sweep per level and f0 in
-sweep_runs/, not committed), both f0. Per level: t_exit and t_EF (none expected), the largest deviation of
+sweep_runs/, not committed), both f0; beside it, levels on other coarsest cells (``--nside-min``: the nside_min
+ladder at nside_max 128 and the joint ladder nside_min = nside_max / 4) and at another error-control tolerance
+(``--rtol``), the perturbed f0 only, found on disk for every (nside_min, rtol) of NSIDE_MINS x RTOLS. Per level: t_exit and t_EF (none expected), the largest deviation of
 align E and align F from the exact curves over the saved times, W2 against the exact W2 at t = 1, 2, 3,
 t(W2 <= w) against the exact times, the plateau (min W2 over t <= 20) and plateau / h (h the finest cell's
 angular size: the density ends as point masses seen through cells of size h, so the plateau is the grid's,
-~10^7 times the exact 2.3e-9), cells, steps, wall time. Between levels: the times' and W2's errors against the
-exact solution, and the observed order.
+10^6-10^7 times the exact 2.3e-9), cells, steps, wall time. Between levels: the times' and W2's errors against the
+exact solution, and the observed order along each ladder (LADDERS).
 
 Usage: python validation/fig4_concentration/zero_temperature.py [--nside-max 64 128 256 512] [--f0 perturbed
-uniform] [--report-only] (writes zero_temperature.md, zero_temperature.json and zero_temperature.png beside
+uniform] [--nside-min 16] [--rtol 1e-4] [--report-only] (writes zero_temperature.md, zero_temperature.json and zero_temperature.png beside
 this file; ladder.csv takes its records through run.py --ladder-only).
 """
 from __future__ import annotations
