@@ -39,6 +39,7 @@ this file; ladder.csv takes its records through run.py --ladder-only).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -67,7 +68,6 @@ T_END = 20.0
 W2_LEVELS = (0.2, 0.1, 0.05)
 #: Times at which W2 is compared with the exact W2 (before the coarsest level's floor).
 W2_TIMES = (1.0, 2.0, 3.0)
-BAR = 0.02
 
 
 def _phi_integrands(phi, t: float):
@@ -147,8 +147,10 @@ def _rule(header: str) -> str:
     return "|" + "---|" * (header.count("|") - 1)
 
 
+@functools.lru_cache(maxsize=None)
 def exact_time(level: float) -> float:
-    """The exact first time W2 falls to ``level`` (root of the closed form; W2 decreases monotonically)."""
+    """The exact first time W2 falls to ``level`` (root of the closed form; W2 decreases monotonically). Cached:
+    every level's readings and the report ask for the same W2_LEVELS."""
     from scipy.optimize import brentq
 
     return float(brentq(lambda s: exact_curves([s])["W2"][0] - level, 0.01, 40.0, xtol=1e-12))

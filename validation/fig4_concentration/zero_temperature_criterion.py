@@ -28,6 +28,7 @@ TIMES = (0.5, 1.0, 2.0)
 def runs():
     import spherepde as sp
     from spherepde.config import MATRIX_PRESETS, perturbed_uniform
+    from spherepde.diagnostics import alignment
     from spherepde.grids.adaptive import Refinement
 
     p = MATRIX_PRESETS["paper"]
@@ -44,9 +45,9 @@ def runs():
         out = []
         for s in TIMES:
             i = int(np.argmin(np.abs(np.asarray(r.times) - s)))
-            g, f = r.grid_at(i), np.asarray(r.density[i])
-            w = f * g.areas
-            out.append(float(np.sum(w * g.centers[:, 0] ** 2) / w.sum()))
+            g = r.grid_at(i)
+            w = np.asarray(r.density[i]) * g.areas
+            out.append(alignment(g.centers, w / w.sum(), [1.0, 0.0, 0.0]))
         yield label, out, r.grid_at(len(r.times) - 1).n_cells, time.perf_counter() - t0
 
 
