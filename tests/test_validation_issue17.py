@@ -718,6 +718,33 @@ def test_transition_law_adaptive_other_beta_runs_beside_the_study():
     assert c4.scheme == type(c0.scheme)(**{**c0.scheme.__dict__, "rtol": 1e-4})  # nothing else differs
 
 
+def test_transition_law_adaptive_takes_fig4s_refinement_from_beta_100_and_t_end():
+    """From beta 100 the law's members run on Figure 4's ladder setting at that beta (its anchor's: the attended
+    refinement on nside 32 base cells, the attention criterion where f varies > 0.25), which is the beta's own
+    base level (no "_min32" suffix); ``t_end`` other than 35 is a sweep of its own with only time.t_end changed,
+    and the reports state each row's T (rows written before T was recorded ran to 35)."""
+    from validation.fig4_concentration import adaptive as fig4
+    from validation.transition_law import adaptive as mod
+
+    sp = mod.spec(256, [0.2, 1e-2], beta=100.0, t_end=12.0)
+    assert sp.name == "transition_law_adaptive_beta100_256_T12_eps2e-01_1e-02"
+    assert mod.suffix(100.0) == "_beta100" and mod.suffix(100.0, 64) == "_beta100_min64"
+    anchor = fig4.spec(100.0, 256, 32, attended=True, attention_variation=0.25, t_end=12.0).members()[0].config
+    for m in sp.members():
+        c = m.config
+        assert c.grid == anchor.grid and c.model == anchor.model and c.scheme == anchor.scheme
+        assert c.time == anchor.time  # T 12, as fig4's finest beta 100 level
+        assert c.initial.eps in (0.2, 1e-2) and c.initial.type == anchor.initial.type
+    # below beta 100 nothing changes: the default refinement on nside 16, T 35
+    c10 = mod.spec(256, [0.05], beta=10.0).members()[0].config
+    assert (c10.grid.nside_min, c10.grid.attended, c10.grid.attention_variation, c10.time.t_end) == (16, None, None, 35.0)
+    t12 = mod.spec(256, [0.05], beta=10.0, t_end=12.0)
+    assert t12.name == "transition_law_adaptive_beta10_256_T12_eps5e-02"
+    assert t12.members()[0].config.time.t_end == 12.0
+    assert mod.t_ends([{"nside_max": 64}, {"nside_max": 128, "t_end": 35.0}]) == "35"
+    assert mod.t_ends([{"nside_max": 64, "t_end": 12.0}, {"nside_max": 128}]) == "12 (nside_max 64), 35 (nside_max 128)"
+
+
 def test_transition_law_adaptive_anchors_at_its_own_converged_exit():
     """At a beta without a converged Figure 4 exit (beta 10), the law is anchored at the ladder's own converged
     exit of eps 0.05, which then enters the fit once (not as an anchor and again as a row); without one no law is

@@ -30,6 +30,12 @@ sys.path.insert(0, str(HERE.parents[1]))
 NSIDE_MIN = 16
 NSIDE_MAX = [64, 128]
 EPS = [1e-3, 1e-4]
+#: From this beta on, the members take the refinement of Figure 4's ladder at that beta (fig4_concentration/adaptive.py,
+#: its ``FALLBACK_LADDERS[0]``: the attended refinement on nside 32 base cells, the attention criterion where f varies by
+#: more than 0.25), so that the law is anchored at eps 0.05's converged exit of the same setting. The default refinement
+#: refines every cell of the near-uniform early density there (at beta 100 the nside_max 128 level started on all 196608
+#: cells), which makes the fine levels unaffordable.
+ATTENDED_FROM_BETA = 100.0
 
 
 def study_beta() -> float:
@@ -37,32 +43,65 @@ def study_beta() -> float:
     return float(tomllib.loads((HERE / "sweep.toml").read_text())["set"]["model.beta"])
 
 
-def suffix(beta: float, nside_min: int = NSIDE_MIN, rtol: float | None = None) -> str:
+def refinement(beta: float) -> dict:
+    """The grid keys of a beta's setting besides nside_max: {"nside_min": 16} (the default refinement) below
+    ATTENDED_FROM_BETA, Figure 4's ladder's refinement from it on."""
+    if beta < ATTENDED_FROM_BETA:
+        return {"nside_min": NSIDE_MIN}
+    from validation.fig4_concentration.adaptive import FALLBACK_LADDERS
+
+    return dict(FALLBACK_LADDERS[0])
+
+
+def base_min(beta: float) -> int:
+    """The base level of a beta's setting (:func:`refinement`)."""
+    return int(refinement(beta)["nside_min"])
+
+
+def setting_name(beta: float, nside_min: int | None = None) -> str:
+    """How the reports name a beta's grid setting."""
+    r = refinement(beta)
+    nmin = r["nside_min"] if nside_min is None else nside_min
+    how = ("the default refinement" if len(r) == 1 else
+           f"the attended refinement, the attention criterion where f varies > {r['attention_variation']:g} "
+           "(Figure 4's ladder at this beta)")
+    return f"AdaptiveHealpixGrid({nmin}, nside_max) with {how}"
+
+
+def suffix(beta: float, nside_min: int | None = None, rtol: float | None = None) -> str:
     """The file-name suffix of a beta's outputs: "" for the study's beta, "_beta10" for beta 10; "_min32" added for
-    a base level other than NSIDE_MIN (a ladder of its own: the tails' resolution); "_rtol1e-04" for an error
-    control tolerance other than the default (a ladder of its own: the step size)."""
-    return (("" if beta == study_beta() else f"_beta{beta:g}") + ("" if nside_min == NSIDE_MIN else f"_min{nside_min}")
+    a base level other than the beta's own (:func:`base_min`: a ladder of its own, the tails' resolution);
+    "_rtol1e-04" for an error control tolerance other than the default (a ladder of its own: the step size)."""
+    nmin = base_min(beta) if nside_min is None else nside_min
+    return (("" if beta == study_beta() else f"_beta{beta:g}") + ("" if nmin == base_min(beta) else f"_min{nmin}")
             + ("" if rtol is None else f"_rtol{rtol:.0e}"))
 
 
-def spec(nside_max=NSIDE_MAX[0], eps=None, beta=None, nside_min=NSIDE_MIN, rtol=None):
+def spec(nside_max=NSIDE_MAX[0], eps=None, beta=None, nside_min=None, rtol=None, t_end=None):
     """The sweep of one finest level (each level its own sweep, so that a level can be added later); ``eps``:
     amplitudes other than EPS, in a sweep of their own beside the level's; ``beta``: other than the study's,
     in sweeps of their own (the rest of the setting unchanged); ``nside_min``: the base level (the coarsest cells,
     on which the tails are carried), other than NSIDE_MIN in sweeps of their own; ``rtol``: the error control's
-    tolerance (``[scheme] rtol``), other than its default in sweeps of their own (a step-size ladder)."""
+    tolerance (``[scheme] rtol``), other than its default in sweeps of their own (a step-size ladder); ``t_end``:
+    the members' T other than the study's 35 (for t_exit, which lies before it), in sweeps of their own. From
+    ATTENDED_FROM_BETA on, the refinement is Figure 4's at that beta (:func:`refinement`)."""
     from spherepde.sweeps import parse_sweep
 
     raw = tomllib.loads((HERE / "sweep.toml").read_text())
     base = tomllib.loads((HERE.parent / "fig4_concentration" / "sweeps" / "base.toml").read_text())
-    base["grid"] = {"type": "adaptive", "nside_min": int(nside_min), "nside_max": int(nside_max)}
-    base["initial"]["sample"] = "average"  # what an adaptive grid takes (it refines on f0, then averages)
     beta = study_beta() if beta is None else float(beta)
-    name = "transition_law_adaptive" + suffix(beta, nside_min, rtol) + ("" if nside_max == 64 else f"_{nside_max}")
+    grid = refinement(beta)
+    nside_min = grid["nside_min"] if nside_min is None else int(nside_min)
+    base["grid"] = dict(grid, type="adaptive", nside_min=int(nside_min), nside_max=int(nside_max))
+    base["initial"]["sample"] = "average"  # what an adaptive grid takes (it refines on f0, then averages)
+    name = ("transition_law_adaptive" + suffix(beta, nside_min, rtol) + ("" if nside_max == 64 else f"_{nside_max}")
+            + ("" if t_end is None else f"_T{t_end:g}"))
     eps = EPS if eps is None else [float(e) for e in eps]
     if eps != EPS:
         name += "_eps" + "_".join(f"{e:.0e}" for e in eps)
     sets = dict(raw["set"], **{"model.beta": beta})
+    if t_end is not None:
+        sets["time.t_end"] = float(t_end)
     if rtol is not None:
         sets["scheme.rtol"] = float(rtol)
     return parse_sweep({"sweep": {"name": name}, "base": base, "set": sets,
@@ -80,13 +119,18 @@ def main(argv=None):
     ap.add_argument("--beta", type=float, default=None,
                     help="beta other than the study's 30, its outputs beside the study's (adaptive_beta10.md, ...)")
     ap.add_argument("--report-only", action="store_true", help="rewrite adaptive.md from adaptive.json (no runs)")
-    ap.add_argument("--nside-min", type=int, default=NSIDE_MIN,
-                    help=f"the base level (default {NSIDE_MIN}); another is a ladder of its own (adaptive_beta10_min32.md)")
+    ap.add_argument("--nside-min", type=int, default=None,
+                    help=f"the base level (default {NSIDE_MIN}, from beta {ATTENDED_FROM_BETA:g} on Figure 4's 32); another "
+                         "is a ladder of its own (adaptive_beta10_min32.md)")
+    ap.add_argument("--t-end", type=float, default=None,
+                    help="the members' T other than the study's 35 (for t_exit; t_EF then only where it occurs by T)")
     ap.add_argument("--rtol", type=float, default=None,
                     help="the error control's tolerance other than its default 1e-3: a step-size ladder of its own "
                          "(adaptive_beta10_rtol1e-04.md)")
     a = ap.parse_args(argv)
     beta = study_beta() if a.beta is None else float(a.beta)
+    if a.nside_min is None:
+        a.nside_min = base_min(beta)
     sfx = suffix(beta, a.nside_min, a.rtol)
     # the uniform rows of this beta (results.json: the study's beta; results_beta100.json: beta 100)
     upath = HERE / f"results{suffix(beta)}.json"
@@ -95,7 +139,7 @@ def main(argv=None):
     if a.report_only:
         a.nside_max = []
     for nmax in a.nside_max:
-        sp_ = spec(nmax, a.eps, beta, a.nside_min, a.rtol)
+        sp_ = spec(nmax, a.eps, beta, a.nside_min, a.rtol, a.t_end)
         out = HERE / "sweep_runs" / sp_.name
         # the sweep's dataset has each member's alignment series, t_exit, t_EF and cell counts already
         # (spherepde.sweeps.member_record); the results file is read for the last state and the mass
@@ -118,6 +162,7 @@ def main(argv=None):
                          "cells_max": int(m["n_cells"].max()), "cells_T": int(m["n_cells"][-1]),
                          "top_two_share": float(np.sort(mass)[-2:].sum() / mass.sum()),
                          "steps": int(m["n_steps"]), "wall_s": float(m["wall_time"]),
+                         "t_end": float(sp_.overrides.get("time.t_end", sp_.base["time"]["t_end"])),
                          "mass_drift": float(abs(d["mass"][-1] / d["mass"][0] - 1)), "min": float(np.min(d["min"]))})
     # the levels not run now keep their rows (each level is a sweep of its own; a level's run directories
     # need not be on this machine)
@@ -129,12 +174,12 @@ def main(argv=None):
     rows.sort(key=lambda r: (-r["eps"], r["nside_max"]))
     jpath.write_text(json.dumps({"nside_min": a.nside_min, "rows": rows}, indent=1))
 
-    flags = (("" if beta == study_beta() else f" --beta {beta:g}") + ("" if a.nside_min == NSIDE_MIN else
+    flags = (("" if beta == study_beta() else f" --beta {beta:g}") + ("" if a.nside_min == base_min(beta) else
                                                                       f" --nside-min {a.nside_min}")
              + ("" if a.rtol is None else f" --rtol {a.rtol:g}"))
     L = [f"# The transition law on an adaptive grid (validation/transition_law/adaptive.py{flags})", "",
-         f"beta {beta:g}, the study's perturbed f0, T = 35, AdaptiveHealpixGrid({a.nside_min}, nside_max) with the "
-         "default refinement" + ("" if a.rtol is None else f", error control tolerance rtol = {a.rtol:g}")
+         f"beta {beta:g}, the study's perturbed f0, T = {t_ends(rows)}, {setting_name(beta, a.nside_min)}"
+         + ("" if a.rtol is None else f", error control tolerance rtol = {a.rtol:g}")
          + "; beside it the uniform grids of " + (f"{upath.name}." if uniform else "(none at this beta)."), "",
          "| eps | nside_max | t_exit adaptive | t_EF | final align E / F / F_abs | cells at most / at T | top two cells' share at T | "
          "steps | wall s | mass drift | min f | t_exit uniform 16 / 32 / 64 |",
@@ -150,8 +195,8 @@ def main(argv=None):
     base_rows = json.loads(base.read_text())["rows"] if base.exists() else None
     if a.rtol is None:
         L += ladder_section(rows, beta, a.nside_min)
-        if a.nside_min != NSIDE_MIN and base_rows is not None:
-            L += tails_section(rows, base_rows, a.nside_min)
+        if a.nside_min != base_min(beta) and base_rows is not None:
+            L += tails_section(rows, base_rows, a.nside_min, base_min(beta))
         L += ["", f"![t_exit and t_EF against log(1 / eps) per finest level](adaptive_law{sfx}.png)"]
         plot(rows, HERE / f"adaptive_law{sfx}.png", beta, a.nside_min)
     elif base_rows is not None:  # a step-size ladder has one level: its verdict is this table, not a ladder or figure
@@ -161,11 +206,11 @@ def main(argv=None):
     write_betas()
 
 
-def tails_section(rows, base_rows, nside_min) -> list[str]:
-    """The same (nside_max, eps) on base level ``nside_min`` against NSIDE_MIN: how the times depend on the
-    resolution of the tails (the cells the refinement leaves on the base level)."""
-    head = ["", f"## The tails' resolution: base level {nside_min} against {NSIDE_MIN}", ""]
-    return head + _pairs(rows, base_rows, f"nside_min {NSIDE_MIN} / {nside_min}", f"{NSIDE_MIN} / {nside_min}",
+def tails_section(rows, base_rows, nside_min, base=NSIDE_MIN) -> list[str]:
+    """The same (nside_max, eps) on base level ``nside_min`` against the beta's own ``base``: how the times depend
+    on the resolution of the tails (the cells the refinement leaves on the base level)."""
+    head = ["", f"## The tails' resolution: base level {nside_min} against {base}", ""]
+    return head + _pairs(rows, base_rows, f"nside_min {base} / {nside_min}", f"{base} / {nside_min}",
                          "cells_T", "cells at T")
 
 
@@ -197,6 +242,17 @@ def _pairs(rows, base_rows, label, short, key, key_label) -> list[str]:
                  f"{fs(_step(b['t_exit'], r['t_exit']))} | {_fmt6(b['t_EF'])} / {_fmt6(r['t_EF'])} | "
                  f"{fs(_step(b['t_EF'], r['t_EF']))} | {b[key]} / {r[key]} |")
     return L
+
+
+def t_ends(rows) -> str:
+    """The members' T as the reports state it: "35", or "12 (nside_max 128, 256), 35 (64)" where rows differ
+    (rows written before T was recorded ran to the study's 35)."""
+    by = {}
+    for r in rows:
+        by.setdefault(float(r.get("t_end") or 35.0), set()).add(r["nside_max"])
+    if len(by) <= 1:
+        return f"{next(iter(by), 35.0):g}"
+    return ", ".join(f"{t:g} (nside_max {', '.join(map(str, sorted(n)))})" for t, n in sorted(by.items()))
 
 
 def _fmt6(x) -> str:
@@ -240,7 +296,8 @@ def write_betas(path=None, here=None):
     per.sort(key=lambda p: p[0])
     L = ["# The transition law across beta (validation/transition_law/adaptive.py, every beta's adaptive*.json)", "",
          "Per beta: the setting of the study (the perturbed f0, T = 35, AdaptiveHealpixGrid(16, nside_max), the default "
-         "refinement) and the issue's bar (the last two levels within 2 %). a(beta) = t_exit(0.05) - log(1 / 0.05) / "
+         f"refinement; from beta {ATTENDED_FROM_BETA:g} on Figure 4's refinement at that beta, on nside 32 base cells, "
+         "and T as the beta's rows say: `adaptive_beta100.md`) and the issue's bar (the last two levels within 2 %). a(beta) = t_exit(0.05) - log(1 / 0.05) / "
          "tanh(beta), the two-cluster law's intercept at its anchor; the slope b from least squares over the converged "
          "exits at eps <= 0.05 (two-cluster: 1 / tanh(beta)).", "",
          "| beta | levels | converged t_exit (eps: value, finest level) | a(beta) | b fitted (amplitudes) | "
@@ -266,7 +323,7 @@ def write_betas(path=None, here=None):
         if len(small_ef) >= 2:
             a_ef, b_ef, _ = _fit(small_ef)
             ff = f"{a_ef:.2f} + {b_ef:.2f} log(1 / eps)"
-        L.append(f"| {beta:g} | {', '.join(map(str, lv))} | {ce} | {a} | {bf} | {cf} | {ff} | {ratio} |")
+        L.append(f"| {beta:g} (T {t_ends(rows)}) | {', '.join(map(str, lv))} | {ce} | {a} | {bf} | {cf} | {ff} | {ratio} |")
     if len(avals) >= 2:
         L += ["", "a(beta) against log(beta): " + ", ".join(
             f"from beta {b0:g} to {b1:g}: {(a1 - a0) / math.log(b1 / b0):.3f} per e-fold of beta"
@@ -453,7 +510,7 @@ def ladder_section(rows, beta=None, nside_min=NSIDE_MIN) -> list[str]:
                 + f"the fit {a_fit + b_fit * math.log(1 / e):.2f}" for e, v, _ in big) + "."]
     if conv_ef:
         txt = ("The converged t_EF: " + ", ".join(f"eps {e:g}: {v:.2f} ({src})" for e, v, src in conv_ef) + "; where a "
-               "level reaches F by T = 35 at all (the rows above; 'none': not by T), t_EF is measured on tails "
+               f"level reaches F by T = {t_ends(rows)} at all (the rows above; 'none': not by T), t_EF is measured on tails "
                f"carried on nside {nside_min} cells (the refinement's floor coarsens them), which the converged value "
                "depends on (`terminal_phase.md`).")
         small_ef = [c for c in conv_ef if c[0] <= eps0]  # as for t_exit: the small amplitudes only
