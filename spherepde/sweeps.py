@@ -543,10 +543,12 @@ def _read_record(directory: Path, key: str):
 
 # ----------------------------------------------------------------------------------------- the engine
 @contextlib.contextmanager
-def _client(workers, scheduler, threads=None):
+def _client(workers, scheduler, threads=None, tasks=None):
     """(client, threads per member) for a LocalCluster of ``workers`` processes, or a connection to
     ``scheduler`` (an address, a distributed.Client, or None: Dask's ``scheduler-address`` config /
-    ``DASK_SCHEDULER_ADDRESS`` if set, else a LocalCluster)."""
+    ``DASK_SCHEDULER_ADDRESS`` if set, else a LocalCluster). Without ``workers`` the LocalCluster has one
+    worker per core but no more than the ``tasks`` (members) to run, so that the cores of a worker that would
+    have nothing to do go to the members' threads (one member on 2 cores: one worker, 2 threads)."""
     import dask
     from distributed import Client, LocalCluster
 
@@ -563,7 +565,7 @@ def _client(workers, scheduler, threads=None):
             yield client, threads
         return
     ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    n = ncpu if workers is None else int(workers)
+    n = (ncpu if tasks is None else max(1, min(ncpu, int(tasks)))) if workers is None else int(workers)
     if n < 1:
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
     threads = max(1, ncpu // n) if threads is None else int(threads)
@@ -609,8 +611,9 @@ def sweep(spec, output=None, *, workers: int | None = None, scheduler=None, thre
     output : path, optional
         Sweep directory (default ``output/<sweep name>``).
     workers : int, optional
-        Start a LocalCluster of this many worker processes (default: one per core), each member running
-        with cores // workers Numba threads; the cluster is closed at the end.
+        Start a LocalCluster of this many worker processes (default: one per core, but no more than the
+        members left to run), each member running with cores // workers Numba threads; the cluster is
+        closed at the end.
     scheduler : str or distributed.Client, optional
         Run on an existing Dask cluster instead (e.g. ``"tcp://10.0.0.1:8786"``). The workers must have
         spherepde installed and see ``output`` on a shared file system. Without ``workers`` and
@@ -666,7 +669,7 @@ def sweep(spec, output=None, *, workers: int | None = None, scheduler=None, thre
 
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
-        with _client(workers, scheduler, threads) as (client, threads):
+        with _client(workers, scheduler, threads, len(todo)) as (client, threads):
             say(f"sweep {spec.name}: {len(members)} members ({skipped} finished before), "
                 f"{len(client.scheduler_info(n_workers=-1)['workers'])} Dask workers; dashboard {client.dashboard_link}")
             futures = {}

@@ -420,3 +420,23 @@ def test_member_survives_a_worker_env_set_after_numba_read_its_config(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_default_local_cluster_has_no_more_workers_than_members(monkeypatch):
+    """Without ``workers``, the LocalCluster has one worker per core but no more than the members to run, and
+    the cores go to the members' threads: one member on a 2-core machine had run on 1 thread while a second
+    worker sat idle for the whole run (seen on a single-member level of transition_law/adaptive.py). A real
+    LocalCluster on 127.0.0.1, closed at the end."""
+    import dask
+
+    from spherepde.sweeps import _client
+
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    with dask.config.set({"scheduler-address": None}):
+        for tasks, want_workers in ((1, 1), (ncpu + 3, ncpu)):
+            with _client(None, None, None, tasks) as (client, threads):
+                n = len(client.scheduler_info(n_workers=-1)["workers"])
+                assert (n, threads) == (want_workers, max(1, ncpu // want_workers))
+        with _client(2, None, None, 1) as (client, threads):  # workers given: as asked, whatever the members
+            assert len(client.scheduler_info(n_workers=-1)["workers"]) == 2 and threads == max(1, ncpu // 2)
