@@ -371,6 +371,12 @@ def plot(rows, path, beta=None, nside_min=NSIDE_MIN):
             s = _step(rs[-2][key], rs[-1][key])
             if s is not None and s <= BAR[key]:
                 ax.plot(math.log(1 / eps), rs[-1][key], "o", ms=11, mfc="none", mec="k", mew=1.2)
+    if law is not None and law[5]["source"] == "fig4":  # the anchor's own ladder, level by level, in the levels' colours
+        f4 = [r for r in fig4_rows(beta) if r["nside_max"] in levels]
+        for r in f4:
+            ax.plot(math.log(1 / r["eps"]), r["t_exit"], "s", color=f"C{levels.index(r['nside_max']) % 10}", ms=5)
+        if f4:
+            ax.plot([], [], "ks", ms=5, label=f"eps {f4[0]['eps']:g}: fig4's levels (t_exit)")
     if law is not None:
         a_law, b_law, eps0, t0, _, anchor = law
         X = np.linspace(0.0, math.log(1e5), 2)
@@ -394,21 +400,27 @@ def _law(beta=None, rows=None):
     anchored at the converged exit t0 of eps0 = 0.05: fig4's finest level (ladder.csv) where its last two levels
     at this beta meet the bar (beta 30), else this study's own converged exit at 0.05 among ``rows`` (the anchor
     row then has ``source`` "ladder"); None where neither has one."""
-    import csv
     import math
 
     beta = study_beta() if beta is None else float(beta)
     b = 1 / math.tanh(beta)
     eps0 = 0.05
-    fig4 = [{"eps": float(r["eps"]), "nside_max": int(r["nside_max"]), "t_exit": float(r["t_exit"])}
-            for r in csv.DictReader(open(HERE.parent / "fig4_concentration" / "ladder.csv"))
-            if r["beta"] == f"{beta:g}" and r["f0"] == "perturbed" and r["t_exit"]]
+    fig4 = fig4_rows(beta)
     for source, rs in (("fig4", fig4), ("ladder", rows or [])):
         hit = converged(rs).get(eps0)
         if hit is not None:
             t0, n = hit
             return t0 - b * math.log(1 / eps0), b, eps0, t0, beta, {"nside_max": n, "source": source}
     return None
+
+
+def fig4_rows(beta: float) -> list[dict]:
+    """Figure 4's ladder at ``beta`` (fig4_concentration/ladder.csv, the perturbed f0, eps 0.05): its levels' exits."""
+    import csv
+
+    with open(HERE.parent / "fig4_concentration" / "ladder.csv") as fh:
+        return [{"eps": float(r["eps"]), "nside_max": int(r["nside_max"]), "t_exit": float(r["t_exit"])}
+                for r in csv.DictReader(fh) if r["beta"] == f"{beta:g}" and r["f0"] == "perturbed" and r["t_exit"]]
 
 
 def _finite(x) -> bool:
