@@ -812,10 +812,10 @@ def test_transition_law_across_beta_summary(tmp_path):
     (tmp_path / "adaptive_beta10.json").write_text(json.dumps({"nside_min": 16, "rows": rows}))
     text = "\n".join(mod.write_betas(here=tmp_path))
     assert (tmp_path / "adaptive_betas.md").read_text() == text + "\n"
-    r10 = [ln for ln in text.splitlines() if ln.startswith("| 10 |")][0]
+    r10 = [ln for ln in text.splitlines() if ln.startswith("| 10 (T 35) |")][0]
     assert "| 64, 128, 256 |" in r10 and "5e-02: %.2f (256)" % line(0.05) in r10 and "5e-01: " in r10
     assert "| 3.500 |" in r10 and "| 1.000 (3: 5e-02 to 1e-03) |" in r10
-    r30 = [ln for ln in text.splitlines() if ln.startswith("| 30 |")][0]
+    r30 = [ln for ln in text.splitlines() if ln.startswith("| 30 (T 35) |")][0]
     a30 = float(r30.split(" | ")[3])
     assert "1e-02: 2.000" in r10  # the ratio column
     assert re.search(r"where both times converged: 1\.99[0-9] to 2\.000 \(beta 10, eps 1e-02, beta 30, eps 1e-04\)",
@@ -823,6 +823,38 @@ def test_transition_law_across_beta_summary(tmp_path):
     assert "| - | 1e-02: 2.000 |" in r10  # one converged t_EF at eps <= 0.05: no line through it
     got = float(re.search(r"from beta 10 to 30: ([-0-9.]+) per e-fold", text).group(1))
     assert abs(got - (a30 - a10) / math.log(3.0)) <= 1e-3
+
+
+def test_transition_law_beta100_on_disk():
+    """adaptive_beta100.json (transition_law/README.md, "The law at beta 100"): on Figure 4's setting at beta 100,
+    eps 0.2 converges (last step <= 2 %) onto the two-cluster law anchored at Figure 4's converged eps 0.05 exit
+    (within 0.5 %; at beta 30 eps 0.2 sat 0.1 % before its law), which with that exit gives the slope b = 1 /
+    tanh(100) to 1 %; eps 1e-2 is not converged (its last step above the bar) and comes down onto the law from
+    above, level by level. Every row on the beta's setting to T = 12, mass to 1e-14 and f >= 0."""
+    import json
+    import math
+
+    from validation.fig4_concentration.adaptive import BAR
+    from validation.transition_law import adaptive as mod
+
+    rows = json.loads((mod.HERE / "adaptive_beta100.json").read_text())["rows"]
+    assert all(r["t_end"] == 12.0 and r["mass_drift"] <= 1e-14 and r["min"] >= 0.0 for r in rows)
+    a, b, eps0, t0, beta, anchor = mod._law(100.0, rows)
+    assert (beta, eps0, anchor["source"], anchor["nside_max"]) == (100.0, 0.05, "fig4", 512)
+    by = {e: {r["nside_max"]: r["t_exit"] for r in rows if r["eps"] == e} for e in (0.2, 1e-2)}
+    s02 = sorted(by[0.2])
+    assert s02[-3:] == [128, 256, 512]
+    last = mod._step(by[0.2][256], by[0.2][512])
+    assert last <= BAR["t_exit"] and last < mod._step(by[0.2][128], by[0.2][256])
+    law02 = a + b * math.log(1 / 0.2)
+    assert abs(by[0.2][512] / law02 - 1) <= 5e-3
+    assert abs((t0 - by[0.2][512]) / math.log(0.2 / 0.05) - 1 / math.tanh(100.0)) <= 1e-2
+    law = a + b * math.log(1 / 1e-2)
+    ups = [by[1e-2][n] for n in (256, 512)]
+    assert not math.isfinite(by[1e-2][128])  # no exit by T = 12 at the coarsest level
+    assert ups[0] > ups[1] > law and mod._step(*ups) > BAR["t_exit"]
+    conv = mod.converged(rows)
+    assert 0.2 in conv and 1e-2 not in conv
 
 
 def test_transition_law_steps_section_pairs_the_same_level_and_amplitude():
