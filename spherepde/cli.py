@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "packaged example such as sweeps/beta_scan")
     sw.add_argument("--output", "-o", help="sweep directory (default: output/<sweep name>)")
     eng = sw.add_mutually_exclusive_group()
-    eng.add_argument("--workers", "-w", type=int, help="LocalCluster worker processes (default: one per core)")
+    eng.add_argument("--workers", "-w", type=int, help="LocalCluster worker processes (default: one per core, no more than the members to run)")
     eng.add_argument("--scheduler", help="address of a running Dask scheduler, e.g. tcp://10.0.0.1:8786")
     sw.add_argument("--restart", action="store_true", help="rerun every member from the start")
     sw.add_argument("--figures", action="store_true", help="per-member figures")
