@@ -829,8 +829,10 @@ def test_transition_law_beta100_on_disk():
     """adaptive_beta100.json (transition_law/README.md, "The law at beta 100"): on Figure 4's setting at beta 100,
     eps 0.2 converges (last step <= 2 %) onto the two-cluster law anchored at Figure 4's converged eps 0.05 exit
     (within 0.5 %; at beta 30 eps 0.2 sat 0.1 % before its law), which with that exit gives the slope b = 1 /
-    tanh(100) to 1 %; eps 1e-2 is not converged (its last step above the bar) and comes down onto the law from
-    above, level by level. Every row on the beta's setting to T = 12, mass to 1e-14 and f >= 0."""
+    tanh(100) to 1 %; eps 1e-2 comes down onto the law from above level by level (no exit by T = 12 at 128, then
+    steps above the bar) and converges at nside_max 1024, on the law within 0.5 %: the fit over the converged exits
+    at eps <= 0.05 (Figure 4's and 1e-2) has b within 2 % of 1. Every row on the beta's setting to T = 12, mass
+    to 1e-14 and f >= 0."""
     import json
     import math
 
@@ -850,11 +852,15 @@ def test_transition_law_beta100_on_disk():
     assert abs(by[0.2][512] / law02 - 1) <= 5e-3
     assert abs((t0 - by[0.2][512]) / math.log(0.2 / 0.05) - 1 / math.tanh(100.0)) <= 1e-2
     law = a + b * math.log(1 / 1e-2)
-    ups = [by[1e-2][n] for n in (256, 512)]
+    ups = [by[1e-2][n] for n in (256, 512, 1024)]
     assert not math.isfinite(by[1e-2][128])  # no exit by T = 12 at the coarsest level
-    assert ups[0] > ups[1] > law and mod._step(*ups) > BAR["t_exit"]
+    assert ups[0] > ups[1] > ups[2] > law
+    assert mod._step(*ups[:2]) > BAR["t_exit"] >= mod._step(*ups[1:])
+    assert abs(ups[2] / law - 1) <= 5e-3
     conv = mod.converged(rows)
-    assert 0.2 in conv and 1e-2 not in conv
+    assert conv[0.2] == (by[0.2][512], 512) and conv[1e-2] == (ups[2], 1024)
+    _, b_fit, _ = mod._fit([(0.05, t0, "fig4"), (1e-2, ups[2], "1024")])
+    assert abs(b_fit - 1 / math.tanh(100.0)) <= 2e-2
 
 
 def test_transition_law_steps_section_pairs_the_same_level_and_amplitude():
