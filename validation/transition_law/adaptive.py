@@ -62,7 +62,7 @@ def setting_name(beta: float, nside_min: int | None = None) -> str:
     """How the reports name a beta's grid setting."""
     r = refinement(beta)
     nmin = r["nside_min"] if nside_min is None else nside_min
-    how = ("the default refinement" if len(r) == 1 else
+    how = ("the default refinement" if not r.get("attended") else
            f"the attended refinement, the attention criterion where f varies > {r['attention_variation']:g} "
            "(Figure 4's ladder at this beta)")
     return f"AdaptiveHealpixGrid({nmin}, nside_max) with {how}"
@@ -120,7 +120,8 @@ def main(argv=None):
                     help="beta other than the study's 30, its outputs beside the study's (adaptive_beta10.md, ...)")
     ap.add_argument("--report-only", action="store_true", help="rewrite adaptive.md from adaptive.json (no runs)")
     ap.add_argument("--nside-min", type=int, default=None,
-                    help=f"the base level (default {NSIDE_MIN}, from beta {ATTENDED_FROM_BETA:g} on Figure 4's 32); another "
+                    help=f"the base level (default {NSIDE_MIN}, from beta {ATTENDED_FROM_BETA:g} on Figure 4's "
+                         f"{base_min(ATTENDED_FROM_BETA)}); another "
                          "is a ladder of its own (adaptive_beta10_min32.md)")
     ap.add_argument("--t-end", type=float, default=None,
                     help="the members' T other than the study's 35 (for t_exit; t_EF then only where it occurs by T)")
@@ -296,7 +297,8 @@ def write_betas(path=None, here=None):
     per.sort(key=lambda p: p[0])
     L = ["# The transition law across beta (validation/transition_law/adaptive.py, every beta's adaptive*.json)", "",
          "Per beta: the setting of the study (the perturbed f0, T = 35, AdaptiveHealpixGrid(16, nside_max), the default "
-         f"refinement; from beta {ATTENDED_FROM_BETA:g} on Figure 4's refinement at that beta, on nside 32 base cells, "
+         f"refinement; from beta {ATTENDED_FROM_BETA:g} on Figure 4's refinement at that beta, on nside "
+         f"{base_min(ATTENDED_FROM_BETA)} base cells, "
          "and T as the beta's rows say: `adaptive_beta100.md`) and the issue's bar (the last two levels within 2 %). a(beta) = t_exit(0.05) - log(1 / 0.05) / "
          "tanh(beta), the two-cluster law's intercept at its anchor; the slope b from least squares over the converged "
          "exits at eps <= 0.05 (two-cluster: 1 / tanh(beta)).", "",
