@@ -683,6 +683,69 @@ def test_attended_density_against_the_direct_sum():
     assert np.array_equal(attended_density(g, f, []), np.zeros(g.n_cells))  # no finite-beta head: nothing
 
 
+def test_attended_density_pruned_kernel_against_its_dense_twin():
+    """The kernel behind attended_density (blocks of pixels skipped where every term is below e^-40 of Z_k
+    or e^-50 in g) against the dense NumPy twin that sums every term: two clusters with a tail 1e-11 of their
+    density on a grid refined around them, at beta 100, 300 and 1000 and with two heads. Where sigma >= 1e-6
+    of its largest value the two agree to 1e-12 (the dense sums' rounding, ~1e-14, the fast exponential's
+    3e-14 and the dropped terms, < 49152 x e^-50 = 1e-17 absolute in g); everywhere they differ by less than
+    1e-13 max f. The refinement flags they give are the same cells. And where the dense twin fails, the
+    kernel does not: a single cluster at e1 with the paper's B at beta 1000 attends to -e1, where there is no
+    mass, so every term of Z is below e^-2000 of the largest exponent over the pixels and the twin's shifted
+    sums underflow to 0 (NaN); the kernel shifts by the largest exponent over the pixels with mass and agrees
+    with a log-domain sum (logsumexp) to 1e-12."""
+    from scipy.special import logsumexp
+
+    from spherepde.grids.adaptive import Refinement, _attended_density_dense, _attended_pixels, attended_density
+
+    B = np.diag([-1.0, -1.0, 1.0])
+    c1 = np.array([1.0, 0.0, 0.0])
+    c2 = np.array([-0.6, 0.0, 0.8])
+    g = AdaptiveHealpixGrid(8, 128, refinement=False)
+    g = g.refined_where(lambda gr: (gr.centers @ c1 > 0.98) | (gr.centers @ c2 > 0.98), max_passes=4)
+    x = g.centers
+    f = np.exp(300 * (x @ c1 - 1)) + 0.5 * np.exp(300 * (x @ c2 - 1)) + 1e-11
+    rng = np.random.default_rng(5)
+    B2 = rng.normal(size=(3, 3))
+    for kernels in ([(100.0, B)], [(300.0, B)], [(1000.0, B)], [(300.0, B), (40.0, B2)]):
+        fast = attended_density(g, f, kernels)
+        dense = _attended_density_dense(g, f, kernels)
+        big = dense >= 1e-6 * dense.max()
+        np.testing.assert_allclose(fast[big], dense[big], rtol=1e-12, atol=0)
+        assert np.abs(fast - dense).max() <= 1e-13 * f.max()
+        r1 = Refinement(attended=True).flags(g, f, kernels[0][0], kernels)
+        r2 = Refinement(attended=True, attended_floor=1e-8).flags(g, f, kernels[0][0], kernels)
+        import spherepde.grids.adaptive as A
+        orig = A.attended_density
+        A.attended_density = _attended_density_dense
+        try:
+            d1 = Refinement(attended=True).flags(g, f, kernels[0][0], kernels)
+            d2 = Refinement(attended=True, attended_floor=1e-8).flags(g, f, kernels[0][0], kernels)
+        finally:
+            A.attended_density = orig
+        for a, b in zip(r1 + r2, d1 + d2):
+            assert np.array_equal(a, b)
+
+    f1 = np.where(x @ c1 > 0.5, np.exp(300 * (x @ c1 - 1)), 0.0)  # one cluster, no mass beyond 60 degrees
+    with np.errstate(all="ignore"):
+        dense = _attended_density_dense(g, f1, [(1000.0, B)])
+    assert not np.isfinite(dense).all()  # the twin's failure, which the kernel is built to avoid
+    fast = attended_density(g, f1, [(1000.0, B)])
+    assert np.isfinite(fast).all()
+    mass = f1 * g.areas
+    pix, M, Y, tgt, U, _, _, _ = _attended_pixels(g, mass, 1000.0, B, 1e-4)
+    with np.errstate(divide="ignore"):
+        lM = np.log(M)
+    E = U @ Y.T  # (targets, pixels)
+    lZ = logsumexp(E + lM[None, :], axis=1)
+    lg = logsumexp(E + (lM[tgt] - lZ)[:, None], axis=0)
+    with np.errstate(divide="ignore"):
+        ref = np.exp(np.log(f1) + lg[pix])  # (g is e^2000 at the empty pixels near -e1, where f = 0)
+    m = ref >= 1e-6 * ref.max()
+    np.testing.assert_allclose(fast[m], ref[m], rtol=1e-12, atol=0)
+    assert np.abs(fast - ref).max() <= 1e-13 * f1.max()
+
+
 def test_attended_refinement_keeps_the_tails_that_hold_the_field():
     """The tail of _tail_state: 1e-17 of the peak density, 0.19 of the attention weight at the peak. The
     default criteria call it negligible (all its cells coarsened, none refined); Refinement(attended=True)

@@ -42,9 +42,11 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import healpy as hp
+import numba
 import numpy as np
 
 from .._checks import finite_float, positive_int
+from ..kernels import attended as _att
 from ..kernels.fv import OUTFLOW_MARGIN
 from ._healpix_map import FACE_AREA, face_map
 from .base import Grid, incidence, least_squares_stencil, quadratic_pairs, quadratic_width, tangent_frames
@@ -210,7 +212,7 @@ def _leaf_or_coarser(leaves: _Leaves, order: int, ipix: np.ndarray) -> np.ndarra
 #: pixels: finer cells are summed into these, so that one regrid's targets x pixels exponentials stay below
 #: ~6e8 in the worst case).
 ATTENDED_ORDER_MAX = 6
-#: Target pixels in one block of :func:`attended_density` (its memory: BLOCK x pixels doubles).
+#: Target pixels in one block of :func:`_attended_density_dense` (its memory: BLOCK x pixels doubles).
 _ATTENDED_BLOCK = 256
 
 
@@ -225,7 +227,10 @@ def attended_density(grid: "AdaptiveHealpixGrid", f, kernels, floor: float = 1e-
     k = ceil(log2(1.02 beta ||B||)) (where beta ||B|| h <= 1, so w varies by at most e across one;
     clamped to the grid's orders and to ATTENDED_ORDER_MAX), each at its mass centroid; the targets x are
     the pixels holding at least ``floor`` times the heaviest pixel's mass; g is taken at a cell's pixel.
-    Cost: targets x pixels exponentials, in blocks of _ATTENDED_BLOCK targets.
+    Cost: per target, a bound for each block of 64 spatially consecutive pixels, and the exponentials of the
+    blocks whose terms can matter (:func:`spherepde.kernels.attended.attended_sums`, parallel over targets;
+    the terms it skips change sigma by < 1e-17 max f). :func:`_attended_density_dense` is its NumPy twin
+    (targets x pixels exponentials), the reference it is tested against.
     """
     f = np.asarray(f, float)
     mass = np.maximum(f, 0.0) * grid.areas
@@ -233,23 +238,80 @@ def attended_density(grid: "AdaptiveHealpixGrid", f, kernels, floor: float = 1e-
     if not mass.sum() > 0:
         return best
     for beta, B in kernels:
-        beta, B = float(beta), np.asarray(B, float)
-        scale = beta * float(np.linalg.norm(B, 2))
-        if not (np.isfinite(scale) and scale > 0):
+        pixels = _attended_pixels(grid, mass, beta, B, floor)
+        if pixels is None:
             continue
-        k = int(np.ceil(np.log2(max(1.0233 * scale, 1.0))))
-        k = min(max(k, grid.order_min), grid.order_max, max(ATTENDED_ORDER_MAX, grid.order_min))
-        up = np.maximum(grid.order - k, 0)
-        key = nest_to_uniq(grid.order - up, grid.ipix >> (2 * up))  # the cell itself where coarser than k
-        _, pix = np.unique(key, return_inverse=True)
-        pix = pix.ravel()
-        P = int(pix.max()) + 1
-        M = np.bincount(pix, mass, P)
-        w = mass + 1e-300 * grid.areas  # a pixel without mass sits at its area centroid
-        Y = np.stack([np.bincount(pix, w * grid.xbar[:, d], P) for d in range(3)], axis=1)
-        Y /= np.linalg.norm(Y, axis=1, keepdims=True)
-        tgt = np.nonzero(M >= floor * M.max())[0]
-        U = beta * (Y[tgt] @ B)  # (K, 3): beta <x_k, B y> = <U_k, y>
+        pix, M, Y, tgt, U, po, pi, k = pixels
+        # blocks of 64 pixels consecutive in the NESTED order at order k (a pixel coarser than k at its
+        # first descendant's index): compact caps, bounded from their points
+        order = np.argsort(pi << (2 * (k - po)), kind="stable")
+        Ys, Ms = np.ascontiguousarray(Y[order]), M[order]
+        P = len(Ms)
+        bstart = np.append(np.arange(0, P, 64), P).astype(np.int64)
+        sums = np.add.reduceat(Ys, bstart[:-1], axis=0)
+        nrm = np.linalg.norm(sums, axis=1, keepdims=True)
+        bc = np.where(nrm > 1e-8, sums / np.maximum(nrm, 1e-300), Ys[bstart[:-1]])
+        bc /= np.linalg.norm(bc, axis=1, keepdims=True)
+        owner = np.repeat(np.arange(len(bstart) - 1), np.diff(bstart))
+        bcr = np.clip(np.minimum.reduceat(np.einsum("ij,ij->i", Ys, bc[owner]), bstart[:-1]) - 1e-12, -1.0, 1.0)
+        bsr = np.sqrt(1.0 - bcr * bcr)
+        with np.errstate(divide="ignore"):
+            blogm = np.log(np.add.reduceat(Ms, bstart[:-1]))
+        nchunk = max(1, min(len(tgt), 8 * numba.get_num_threads()))
+        G = np.zeros((nchunk, P))
+        _att.attended_sums(np.ascontiguousarray(U), M[tgt], Ys, Ms, bstart, np.ascontiguousarray(bc), bcr, bsr,
+                           blogm, G)
+        g = np.empty(P)
+        g[order] = G.sum(axis=0)
+        best = np.maximum(best, f * g[pix])
+    return best
+
+
+def _attended_pixels(grid, mass, beta, B, floor):
+    """The pixels of :func:`attended_density` for one kernel: (cell -> pixel, pixel masses, unit mass
+    centroids, target pixels, U = beta B^T x of the targets, each pixel's order and NESTED index, the order
+    k), or None where beta B vanishes."""
+    beta, B = float(beta), np.asarray(B, float)
+    scale = beta * float(np.linalg.norm(B, 2))
+    if not (np.isfinite(scale) and scale > 0):
+        return None
+    k = int(np.ceil(np.log2(max(1.0233 * scale, 1.0))))
+    k = min(max(k, grid.order_min), grid.order_max, max(ATTENDED_ORDER_MAX, grid.order_min))
+    up = np.maximum(grid.order - k, 0)
+    key = nest_to_uniq(grid.order - up, grid.ipix >> (2 * up))  # the cell itself where coarser than k
+    _, pix = np.unique(key, return_inverse=True)
+    pix = pix.ravel()
+    P = int(pix.max()) + 1
+    M = np.bincount(pix, mass, P)
+    # each pixel at its mass centroid, from the weights relative to its mass (a pixel of 1e-200 of the mass
+    # has a centroid too); a pixel without mass sits at its area centroid
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.where(M[pix] > 0, mass / M[pix], grid.areas)
+    Y = np.stack([np.bincount(pix, w * grid.xbar[:, d], P) for d in range(3)], axis=1)
+    Y /= np.linalg.norm(Y, axis=1, keepdims=True)
+    tgt = np.nonzero(M >= floor * M.max())[0]
+    U = beta * (Y[tgt] @ B)  # (K, 3): beta <x_k, B y> = <U_k, y>
+    po = np.empty(P, np.int64)
+    pi = np.empty(P, np.int64)
+    po[pix] = grid.order - up
+    pi[pix] = grid.ipix >> (2 * up)
+    return pix, M, Y, tgt, U, po, pi, k
+
+
+def _attended_density_dense(grid: "AdaptiveHealpixGrid", f, kernels, floor: float = 1e-4) -> np.ndarray:
+    """:func:`attended_density` by dense NumPy sums over targets x pixels (blocks of _ATTENDED_BLOCK targets):
+    its twin and reference (every term, to underflow)."""
+    f = np.asarray(f, float)
+    mass = np.maximum(f, 0.0) * grid.areas
+    best = np.zeros(grid.n_cells)
+    if not mass.sum() > 0:
+        return best
+    for beta, B in kernels:
+        pixels = _attended_pixels(grid, mass, beta, B, floor)
+        if pixels is None:
+            continue
+        pix, M, Y, tgt, U, po, pi, k = pixels
+        P = len(M)
         g = np.zeros(P)
         for a in range(0, len(tgt), _ATTENDED_BLOCK):
             E = U[a:a + _ATTENDED_BLOCK] @ Y.T  # (b, P)
