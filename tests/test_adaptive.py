@@ -243,7 +243,7 @@ def test_a_regridded_grid_is_the_grid_built_from_its_cells():
         fresh = AdaptiveHealpixGrid(4, 32, new.uniq)
         assert np.array_equal(fresh.uniq, new.uniq)
         for name in ("stencil", "stencil_coef_local", "owner", "neighbour", "face_points", "face_normals",
-                     "cell_faces", "xbar", "areas"):
+                     "face_length", "face_unit_normal", "face_ends", "cell_faces", "xbar", "areas"):
             assert np.array_equal(getattr(new, name), getattr(fresh, name)), name
         g = new
 

@@ -606,6 +606,7 @@ class AdaptiveHealpixGrid(Grid):
         # a face's geometry is that of edge `edge` of its owner (the fine side): keyed by (owner NUNIQ, edge)
         self._face_key = self.uniq[owner] * 4 + edge
         F, G = len(owner), self.edge_points
+        known = None
         if reuse is None:
             arrays = (np.empty((F, G, 3)), np.empty((F, G, 3)), np.empty((F, 3)), np.empty((F, 2, 3)))
             todo = np.ones(F, bool)
@@ -619,6 +620,8 @@ class AdaptiveHealpixGrid(Grid):
             arrays = tuple(np.take(b, src, axis=0) for b in (reuse.face_points, reuse.face_normals,
                                                              reuse._face_mid, reuse.face_ends))
             todo = ~hit
+            rows = np.nonzero(hit)[0]
+            known = (rows, reuse.face_length[src[rows]], reuse.face_unit_normal[src[rows]])
         for j, (_, fixed, off) in enumerate(_EDGES):
             sel = np.nonzero(todo & (edge == j))[0]
             if not len(sel):
@@ -629,7 +632,7 @@ class AdaptiveHealpixGrid(Grid):
             for a, b in zip(arrays, part):
                 a[sel] = b
         self._face_mid = arrays[2]
-        _set_faces(self, [arrays])
+        _set_faces(self, [arrays], known)
         self.cell_faces, self.cell_face_sign, count = incidence(self.owner, self.neighbour, N, FACE_WIDTH)
         if np.any(count < 4):  # pragma: no cover - a broken tiling
             raise RuntimeError("every cell of an adaptive HEALPix grid has at least four faces")

@@ -89,9 +89,11 @@ def edge_quadrature(face, x0, y0, h, fixed: str, off: int, edge_points: int, cen
     return X[:, :-3], W[:, :-3] * wt[:, :, None], W[:, -3], X[:, -2:]
 
 
-def _set_faces(grid, parts):
+def _set_faces(grid, parts, known=None):
     """Fill a grid's face arrays from a list of :func:`edge_quadrature` results (in face order); one part is
-    taken as it is (no copy: the adaptive grid hands over whole arrays at every regrid)."""
+    taken as it is (no copy: the adaptive grid hands over whole arrays at every regrid). ``known``: (rows,
+    face lengths, unit normals) already computed for those rows (the faces an adaptive grid kept across a
+    regrid); the other rows' are computed, row by row the same bits."""
     def cat(k):
         return parts[0][k] if len(parts) == 1 else np.concatenate([p[k] for p in parts])
 
@@ -99,9 +101,19 @@ def _set_faces(grid, parts):
     grid.face_normals = np.ascontiguousarray(cat(1))
     grid.face_weights = _gauss01(grid.edge_points)[1]
     grid.face_ends = cat(3)  # (F, 2, 3) the edge's end points (pixel corners)
-    grid.face_length = np.linalg.norm(grid.face_normals, axis=2).sum(axis=1)
     mid = cat(2)
-    grid.face_unit_normal = mid / np.linalg.norm(mid, axis=1, keepdims=True)
+    if known is None:
+        grid.face_length = np.linalg.norm(grid.face_normals, axis=2).sum(axis=1)
+        grid.face_unit_normal = mid / np.linalg.norm(mid, axis=1, keepdims=True)
+        return
+    rows, length, unit = known
+    todo = np.ones(len(mid), bool)
+    todo[rows] = False
+    grid.face_length = np.empty(len(mid))
+    grid.face_unit_normal = np.empty_like(mid)
+    grid.face_length[rows], grid.face_unit_normal[rows] = length, unit
+    grid.face_length[todo] = np.linalg.norm(grid.face_normals[todo], axis=2).sum(axis=1)
+    grid.face_unit_normal[todo] = mid[todo] / np.linalg.norm(mid[todo], axis=1, keepdims=True)
 
 
 class HealpixGrid(Grid):

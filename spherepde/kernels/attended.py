@@ -13,7 +13,7 @@ negligible: per target, the largest exponent s_k = max <U_k, y> over the pixels 
 visiting only the blocks whose bound exceeds the best value so far), then Z_k from the blocks whose terms
 reach e^LOG_NEAR of the largest and from any other block whose bound reaches e^LOG_REST Z_k / blocks (the
 blocks skipped change Z_k by < e^LOG_REST = 4e-18 of it), then the scattered terms M_k exp(<U_k, y> - s_k) / Z_k
-of every block whose bound reaches e^LOG_G = 2e-22 (each skipped term is below that, so g(y) changes by less
+of the near blocks (their exponentials kept from Z_k) and of every other block whose bound reaches e^LOG_G = 2e-22 (each skipped term is below that, so g(y) changes by less
 than targets x 2e-22: < 1e-17 for 49152 targets, where g is of order 1 on the mass; the refinement compares
 sigma = f g with floors of 1e-4 or at least 1e-12 of max f). The dense NumPy sums of
 :func:`spherepde.grids.adaptive._attended_density_dense` are the twin it is tested against.
