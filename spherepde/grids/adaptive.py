@@ -650,12 +650,15 @@ class AdaptiveHealpixGrid(Grid):
         todo = np.ones(N, bool)
         if reuse is not None and np.any(old >= 0):
             rows = np.nonzero(old >= 0)[0]
-            prev = reuse._stencil_uniq[old[rows]]
-            idx = np.where(prev >= 0, self._leaves.index(np.where(prev >= 0, prev, 0)), -1)
-            ok = np.all((prev < 0) | (idx >= 0), axis=1)
-            big = np.iinfo(np.int64).max
-            out[rows[ok]] = np.sort(np.where(idx[ok] >= 0, idx[ok], big), axis=1)
-            out[out == big] = -1
+            # the old stencils in old indices, renumbered through the kept cells (-1: gone or padding); both
+            # grids number their cells in the Morton order of the finest level, so the renumbering keeps
+            # each row's order (ascending, -1 last)
+            old2new = np.full(reuse.n_cells + 1, -1, np.int64)
+            old2new[old[rows]] = rows
+            prev = np.where(reuse._stencil_uniq[old[rows]] >= 0, reuse.stencil[old[rows]], reuse.n_cells)
+            idx = old2new[prev]
+            ok = np.all((prev == reuse.n_cells) | (idx >= 0), axis=1)
+            out[rows[ok]] = idx[ok]
             todo[rows[ok]] = False
         for k in _levels(self.order[todo]):
             sel = cells[(self.order == k) & todo]
