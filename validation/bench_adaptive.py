@@ -12,7 +12,8 @@ default stepper (SSP-RK(4,3): 4 stages per step; the stages are counted from the
 4. the attention field (beta 10 and 100) on the grids of 1 and 2: seconds per evaluation and the ratio per cell.
 
 Usage: python validation/bench_adaptive.py [--nside 64] [--steps 40] [--repeat 5]
-Writes validation/bench_adaptive.md. ``--paper [--limit 900] [--attention 1e9]`` runs only the paper-scale
+Writes validation/bench_adaptive.md. ``--attended`` times only the attended density of
+``Refinement(attended=True)`` (its pruned kernel against the dense twin): bench_attended.md. ``--paper [--limit 900] [--attention 1e9]`` runs only the paper-scale
 benchmark of the issue instead (beta 100, T = 20, perturbed f0, nside_min 32, nside_max 1024; wall time,
 the time reached within the limit, peak memory, the cell count against t): bench_adaptive_paper.md/.png.
 """
@@ -150,6 +151,57 @@ def paper_scale(limit_s: float, attention: float, field_interval: int | None = 4
             "field_interval": field_interval, "parts": acc}
 
 
+def attended_cost(repeat: int):
+    """The attended density of ``Refinement(attended=True)`` (one call per regrid) on a collapse-like state:
+    two clusters of width ~0.2 rad at +-e1 over a floor of 1e-12, on an adaptive grid refined around them
+    (nside 32 .. 256), at beta 100, 300 and 1000 (paper B): the pruned kernel against its dense NumPy twin
+    (seconds, median [min, max] of ``repeat`` calls after one warm-up; the twin 3 calls), the pixels and
+    targets, and the largest relative difference where sigma >= 1e-6 of its largest value."""
+    from spherepde.grids.adaptive import _attended_density_dense, _attended_pixels, attended_density
+
+    g = AdaptiveHealpixGrid(32, 256, refinement=False).refined_where(lambda gr: np.abs(gr.centers[:, 0]) > 0.8,
+                                                                      max_passes=3)
+    f = np.exp(30.0 * (np.abs(g.xbar[:, 0]) - 1.0)) + 1e-12
+    B = np.asarray(MATRIX_PRESETS["paper"]["B"], float)
+    rows = []
+    for beta in (100.0, 300.0, 1000.0):
+        K = [(beta, B)]
+        attended_density(g, f, K)
+        ts = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fast = attended_density(g, f, K)
+            ts.append(time.perf_counter() - t0)
+        td = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            dense = _attended_density_dense(g, f, K)
+            td.append(time.perf_counter() - t0)
+        big = dense >= 1e-6 * dense.max()
+        px = _attended_pixels(g, np.maximum(f, 0) * g.areas, beta, B, 1e-4)
+        rows.append((beta, len(px[1]), len(px[3]), ts, td, float(np.max(np.abs(fast[big] / dense[big] - 1)))))
+    return g, rows
+
+
+def write_attended(g, rows, repeat: int):
+    lines = ["# The attended density: pruned kernel against its dense twin (validation/bench_adaptive.py --attended)", "",
+             f"Machine: {platform.processor() or platform.machine()}, {numba.get_num_threads()} Numba thread(s), "
+             f"load average before the run {os.getloadavg()[0]:.1f}. {g!r}; f = exp(30 (|x_1| - 1)) + 1e-12 (two "
+             "clusters at +-e1 over a floor), the paper's B; one call of `attended_density` (a regrid of "
+             "`Refinement(attended=True)`) against `_attended_density_dense` (every term), seconds: median [min, "
+             f"max] of {repeat} calls after a warm-up (the twin: 3 calls).", "",
+             "| beta | pixels | targets | pruned kernel | dense twin | speed-up | largest relative difference (sigma >= 1e-6 max) |",
+             "|---|---|---|---|---|---|---|"]
+    for beta, P, K, ts, td, rel in rows:
+        lines.append(f"| {beta:g} | {P} | {K} | {np.median(ts):.3f} [{min(ts):.3f}, {max(ts):.3f}] | "
+                     f"{np.median(td):.3f} [{min(td):.3f}, {max(td):.3f}] | {np.median(td) / np.median(ts):.1f}x | {rel:.1e} |")
+    lines.append("")
+    text = "\n".join(lines)
+    (HERE / "bench_attended.md").write_text(text)
+    print(text)
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nside", type=int, default=64)
@@ -165,7 +217,11 @@ def main(argv=None):
     ap.add_argument("--attention", type=float, default=1e9,
                     help="Refinement.attention of --paper (default 1e9: refine on the variation of f only; the "
                          "default 0.5 starts on 786432 cells)")
+    ap.add_argument("--attended", action="store_true",
+                    help="only the attended density's cost (pruned kernel against its dense twin): bench_attended.md")
     a = ap.parse_args(argv)
+    if a.attended:
+        return write_attended(*attended_cost(a.repeat), a.repeat)
     if a.paper:
         return write_paper(paper_scale(a.limit, a.attention, a.field_interval or None), a.limit)
     load = os.getloadavg()
