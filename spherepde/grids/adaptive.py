@@ -232,6 +232,11 @@ def attended_density(grid: "AdaptiveHealpixGrid", f, kernels, floor: float = 1e-
     the terms it skips change sigma by < 1e-17 max f). :func:`_attended_density_dense` is its NumPy twin
     (targets x pixels exponentials), the reference it is tested against.
     """
+    return _attended(grid, f, kernels, floor, _pruned_g)
+
+
+def _attended(grid, f, kernels, floor, sums) -> np.ndarray:
+    """sigma = f g for each head, the largest, with g over the pixels from ``sums(pixels)``."""
     f = np.asarray(f, float)
     mass = np.maximum(f, 0.0) * grid.areas
     best = np.zeros(grid.n_cells)
@@ -239,32 +244,35 @@ def attended_density(grid: "AdaptiveHealpixGrid", f, kernels, floor: float = 1e-
         return best
     for beta, B in kernels:
         pixels = _attended_pixels(grid, mass, beta, B, floor)
-        if pixels is None:
-            continue
-        pix, M, Y, tgt, U, po, pi, k = pixels
-        # blocks of 64 pixels consecutive in the NESTED order at order k (a pixel coarser than k at its
-        # first descendant's index): compact caps, bounded from their points
-        order = np.argsort(pi << (2 * (k - po)), kind="stable")
-        Ys, Ms = np.ascontiguousarray(Y[order]), M[order]
-        P = len(Ms)
-        bstart = np.append(np.arange(0, P, 64), P).astype(np.int64)
-        sums = np.add.reduceat(Ys, bstart[:-1], axis=0)
-        nrm = np.linalg.norm(sums, axis=1, keepdims=True)
-        bc = np.where(nrm > 1e-8, sums / np.maximum(nrm, 1e-300), Ys[bstart[:-1]])
-        bc /= np.linalg.norm(bc, axis=1, keepdims=True)
-        owner = np.repeat(np.arange(len(bstart) - 1), np.diff(bstart))
-        bcr = np.clip(np.minimum.reduceat(np.einsum("ij,ij->i", Ys, bc[owner]), bstart[:-1]) - 1e-12, -1.0, 1.0)
-        bsr = np.sqrt(1.0 - bcr * bcr)
-        with np.errstate(divide="ignore"):
-            blogm = np.log(np.add.reduceat(Ms, bstart[:-1]))
-        nchunk = max(1, min(len(tgt), 8 * numba.get_num_threads()))
-        G = np.zeros((nchunk, P))
-        _att.attended_sums(np.ascontiguousarray(U), M[tgt], Ys, Ms, bstart, np.ascontiguousarray(bc), bcr, bsr,
-                           blogm, G)
-        g = np.empty(P)
-        g[order] = G.sum(axis=0)
-        best = np.maximum(best, f * g[pix])
+        if pixels is not None:
+            best = np.maximum(best, f * sums(*pixels)[pixels[0]])
     return best
+
+
+def _pruned_g(pix, M, Y, tgt, U, po, pi, k) -> np.ndarray:
+    """g over the pixels by :func:`spherepde.kernels.attended.attended_sums`."""
+    # blocks of 64 pixels consecutive in the NESTED order at order k (a pixel coarser than k at its
+    # first descendant's index): compact caps, bounded from their points
+    order = np.argsort(pi << (2 * (k - po)), kind="stable")
+    Ys, Ms = np.ascontiguousarray(Y[order]), M[order]
+    P = len(Ms)
+    bstart = np.append(np.arange(0, P, 64), P).astype(np.int64)
+    sums = np.add.reduceat(Ys, bstart[:-1], axis=0)
+    nrm = np.linalg.norm(sums, axis=1, keepdims=True)
+    bc = np.where(nrm > 1e-8, sums / np.maximum(nrm, 1e-300), Ys[bstart[:-1]])
+    bc /= np.linalg.norm(bc, axis=1, keepdims=True)
+    owner = np.repeat(np.arange(len(bstart) - 1), np.diff(bstart))
+    bcr = np.clip(np.minimum.reduceat(np.einsum("ij,ij->i", Ys, bc[owner]), bstart[:-1]) - 1e-12, -1.0, 1.0)
+    bsr = np.sqrt(1.0 - bcr * bcr)
+    with np.errstate(divide="ignore"):
+        blogm = np.log(np.add.reduceat(Ms, bstart[:-1]))
+    nchunk = max(1, min(len(tgt), 8 * numba.get_num_threads()))
+    G = np.zeros((nchunk, P))
+    _att.attended_sums(np.ascontiguousarray(U), M[tgt], Ys, Ms, bstart, np.ascontiguousarray(bc), bcr, bsr,
+                       blogm, G)
+    g = np.empty(P)
+    g[order] = G.sum(axis=0)
+    return g
 
 
 def _attended_pixels(grid, mass, beta, B, floor):
@@ -301,26 +309,19 @@ def _attended_pixels(grid, mass, beta, B, floor):
 def _attended_density_dense(grid: "AdaptiveHealpixGrid", f, kernels, floor: float = 1e-4) -> np.ndarray:
     """:func:`attended_density` by dense NumPy sums over targets x pixels (blocks of _ATTENDED_BLOCK targets):
     its twin and reference (every term, to underflow)."""
-    f = np.asarray(f, float)
-    mass = np.maximum(f, 0.0) * grid.areas
-    best = np.zeros(grid.n_cells)
-    if not mass.sum() > 0:
-        return best
-    for beta, B in kernels:
-        pixels = _attended_pixels(grid, mass, beta, B, floor)
-        if pixels is None:
-            continue
-        pix, M, Y, tgt, U, po, pi, k = pixels
-        P = len(M)
-        g = np.zeros(P)
-        for a in range(0, len(tgt), _ATTENDED_BLOCK):
-            E = U[a:a + _ATTENDED_BLOCK] @ Y.T  # (b, P)
-            E -= E.max(axis=1, keepdims=True)
-            np.exp(E, out=E)
-            Z = E @ M  # Z(x_k) e^-max_k
-            g += (M[tgt[a:a + _ATTENDED_BLOCK]] / Z) @ E
-        best = np.maximum(best, f * g[pix])
-    return best
+    return _attended(grid, f, kernels, floor, _dense_g)
+
+
+def _dense_g(pix, M, Y, tgt, U, *_) -> np.ndarray:
+    """g over the pixels by dense sums (every target x every pixel)."""
+    g = np.zeros(len(M))
+    for a in range(0, len(tgt), _ATTENDED_BLOCK):
+        E = U[a:a + _ATTENDED_BLOCK] @ Y.T  # (b, P)
+        E -= E.max(axis=1, keepdims=True)
+        np.exp(E, out=E)
+        Z = E @ M  # Z(x_k) e^-max_k
+        g += (M[tgt[a:a + _ATTENDED_BLOCK]] / Z) @ E
+    return g
 
 
 @dataclass(frozen=True)
