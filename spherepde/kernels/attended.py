@@ -9,14 +9,20 @@ attended_sums(U, MT, Y, M, bstart, bc, bcr, bsr, blogm, G)
 
 The pixels come in spatially compact blocks (``bstart``; centres ``bc`` (n, 3), cos / sin of the angular
 radii ``bcr``, ``bsr``, log masses ``blogm``), so that a target skips the blocks whose every term is
-negligible: per target, the largest exponent s_k = max <U_k, y> over the pixels with mass (found exactly,
-visiting only the blocks whose bound exceeds the best value so far), then Z_k from the blocks whose terms
-reach e^LOG_NEAR of the largest and from any other block whose bound reaches e^LOG_REST Z_k / blocks (the
-blocks skipped change Z_k by < e^LOG_REST = 4e-18 of it), then the scattered terms M_k exp(<U_k, y> - s_k) / Z_k
-of the near blocks (their exponentials kept from Z_k) and of every other block whose bound reaches e^LOG_G = 2e-22 (each skipped term is below that, so g(y) changes by less
-than targets x 2e-22: < 1e-17 for 49152 targets, where g is of order 1 on the mass; the refinement compares
-sigma = f g with floors of 1e-4 or at least 1e-12 of max f). The dense NumPy sums of
-:func:`spherepde.grids.adaptive._attended_density_dense` are the twin it is tested against.
+negligible. Per target:
+
+1. the largest exponent s_k = max <U_k, y> over the pixels with mass, found exactly, visiting only the
+   blocks whose bound exceeds the best value so far;
+2. Z_k from the blocks whose terms reach e^LOG_NEAR of the largest, and from any other block whose bound
+   reaches e^LOG_REST Z_k / blocks (the blocks skipped change Z_k by < e^LOG_REST = 4e-18 of it);
+3. the scattered terms M_k exp(<U_k, y> - s_k) / Z_k of the near blocks (their exponentials kept from
+   step 2) and of every other block whose bound reaches e^LOG_G = 2e-22. Each skipped term is below that,
+   so g(y) changes by less than targets x 2e-22: < 1e-17 for 49152 targets (g is of order 1 on the mass),
+   and sigma = f g by less than 1e-17 max f (the refinement's floors are relative to max f, 1e-4 by
+   default).
+
+The dense NumPy sums of :func:`spherepde.grids.adaptive._attended_density_dense` are the twin it is tested
+against.
 """
 from __future__ import annotations
 
