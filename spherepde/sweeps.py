@@ -92,6 +92,7 @@ import os
 import sys
 import time
 import tomllib
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,6 +110,13 @@ RECORD_NAME = "record.json"
 SPEC_NAME = "sweep.toml"
 MEMBERS_NAME = "members.json"
 _GENERATORS = ("values", "range", "linspace", "geomspace")
+#: Seconds between a sweep's checks that its Dask cluster still has workers: a LocalCluster the sweep started
+#: that has lost every worker (a restart that failed, e.g. after the machine was suspended past the
+#: scheduler's worker-ttl while loaded) is scaled back up, instead of waiting for one forever; with a
+#: cluster of the caller's, the sweep says that it waits.
+WORKER_WATCH_S = 60.0
+#: The LocalClusters that :func:`_client` started, with their worker counts.
+_OWNED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 #: Variables per saved time and per member: name -> (long_name, units).
 FRAME_VARS = {
@@ -590,11 +598,47 @@ def _client(workers, scheduler, threads=None, tasks=None):
     except RuntimeError as exc:
         raise RuntimeError(f"could not start a LocalCluster of {n} workers ({exc}); if this is a script, {hint}") \
             from exc
+    _OWNED[cluster] = n
     try:
         with Client(cluster) as client:
             yield client, threads
     finally:
         cluster.close()
+
+
+class _WorkerWatch:
+    """Every WORKER_WATCH_S seconds (:meth:`check`), the number of workers connected to the sweep's scheduler.
+    When none has been for two checks in a row (a worker that a nanny restarts is back within seconds), a
+    LocalCluster the sweep started gets its workers anew (all closed, then as many started as it had), and
+    with any other cluster the sweep says that it waits (warnings of the ``spherepde.sweeps`` logger)."""
+
+    def __init__(self, client):
+        self.client = client
+        self.last = time.monotonic()
+        self.empty = 0  # consecutive checks without a worker
+
+    def check(self):
+        if time.monotonic() - self.last < WORKER_WATCH_S:
+            return
+        self.last = time.monotonic()
+        try:
+            n = len(self.client.scheduler_info(n_workers=-1)["workers"])
+        except Exception:  # pragma: no cover - the scheduler itself is gone: as_completed will raise
+            return
+        self.empty = 0 if n else self.empty + 1
+        if self.empty < 2:
+            return
+        self.empty = 0
+        cluster = getattr(self.client, "cluster", None)
+        want = _OWNED.get(cluster) if cluster is not None else None
+        if want:
+            log.warning("sweep: the Dask cluster has had no worker for %.0f s; starting its %d again (the members "
+                        "resume from their checkpoints)", 2 * WORKER_WATCH_S, want)
+            cluster.scale(0)
+            cluster.scale(want)
+        else:
+            log.warning("sweep: no Dask worker has been connected to the scheduler for %.0f s; the members wait "
+                        "for one", 2 * WORKER_WATCH_S)
 
 
 def _member_dir(out: Path, m: Member) -> Path:
@@ -679,17 +723,17 @@ def sweep(spec, output=None, *, workers: int | None = None, scheduler=None, thre
                 futures[fut] = m
             bar = tqdm(total=len(members), initial=skipped, unit="member", desc=spec.name,
                        disable=not progress or None)
+            watch = _WorkerWatch(client)
             try:
-                for fut in as_completed(list(futures)):
-                    m = futures[fut]
-                    try:
-                        rec = fut.result()
-                    except Exception as exc:  # KilledWorker (its worker died too often), a cancelled task, ...
-                        rec = {"key": m.key, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
-                    records[m.key] = rec
-                    bar.update(1)
-                    if rec["status"] != "done":
-                        bar.write(f"member failed ({m.label()}): {rec['error']}")
+                done = as_completed(list(futures))
+                while not done.is_empty():
+                    batch = done.next_batch(block=False)
+                    if not batch:
+                        watch.check()
+                        time.sleep(0.05)
+                        continue
+                    for fut in batch:
+                        _collect(fut, futures[fut], records, bar)
             finally:
                 bar.close()
     wall = time.perf_counter() - t0
@@ -702,6 +746,18 @@ def sweep(spec, output=None, *, workers: int | None = None, scheduler=None, thre
     write_dataset(ds, out / DATASET_NAME)
     say(summary_table(ds, members, records, last))
     return ds
+
+
+def _collect(fut, m, records, bar):
+    """A finished member's record (its result, or the error of a failed task) into ``records``."""
+    try:
+        rec = fut.result()
+    except Exception as exc:  # KilledWorker (its worker died too often), a cancelled task, ...
+        rec = {"key": m.key, "status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+    records[m.key] = rec
+    bar.update(1)
+    if rec["status"] != "done":
+        bar.write(f"member failed ({m.label()}): {rec['error']}")
 
 
 def summary_table(ds, members, records, last) -> str:

@@ -343,6 +343,50 @@ def test_sigkill_a_worker_mid_member_the_sweep_completes_identical(slow_referenc
     _equal(ds, slow_reference)
 
 
+def test_a_local_cluster_that_lost_every_worker_is_scaled_back_and_the_sweep_completes(slow_reference, tmp_path,
+                                                                                        monkeypatch, caplog):
+    """The sweep's own LocalCluster loses all its workers mid-member (scaled to 0 here; seen in a run whose
+    worker was restarted for a missed heartbeat while the machine was loaded, and never came back): the
+    sweep had waited for a worker forever. Now its watch (every WORKER_WATCH_S, 5 s here: after two checks
+    without a worker) starts the cluster's workers again, says so, and the members resume from their
+    checkpoints: all done, the dataset identical."""
+    import spherepde.sweeps as S
+
+    monkeypatch.setattr(S, "WORKER_WATCH_S", 5.0)
+    out = tmp_path / "out"
+    result, scaled = {}, []
+
+    def run():
+        result["ds"] = sweep(SLOW, out, workers=2, progress=False, quiet=True)
+
+    before = {id(c) for c in S._OWNED.keys()}  # (the fixture's sweep's cluster, closed, may still be there)
+
+    def ours():
+        return [c for c in S._OWNED.keys() if id(c) not in before]
+
+    def remover():
+        _wait_for(lambda: ours() and _member_states(out)[1], 240, "a member in progress")
+        cluster = ours()[0]
+        cluster.scale(0)
+        scaled.append(cluster)
+
+    th = threading.Thread(target=run, daemon=True)
+    killer = threading.Thread(target=remover, daemon=True)
+    with caplog.at_level("WARNING", logger="spherepde.sweeps"):
+        th.start()
+        killer.start()
+        th.join(timeout=300)
+        if th.is_alive():  # the bug: unblock the sweep before failing
+            scaled[0].scale(2)
+            th.join(timeout=120)
+            raise AssertionError("the sweep waited for a worker instead of starting its cluster's again")
+    assert scaled, "the workers were not removed mid-sweep"
+    assert "had no worker for 10 s; starting its 2 again" in caplog.text
+    ds = result["ds"]
+    assert (ds.status == "done").all()
+    _equal(ds, slow_reference)
+
+
 def test_a_failing_member_is_recorded_and_the_others_complete(tmp_path):
     spec = tmp_path / "fail.toml"
     spec.write_text(SMALL.replace('[axes]', '[axes]\n"scheme.max_steps" = [3, 100000000]').replace(
