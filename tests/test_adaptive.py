@@ -683,7 +683,7 @@ def test_attended_density_against_the_direct_sum():
     assert np.array_equal(attended_density(g, f, []), np.zeros(g.n_cells))  # no finite-beta head: nothing
 
 
-def test_attended_density_pruned_kernel_against_its_dense_twin():
+def test_attended_density_pruned_kernel_against_its_dense_twin(monkeypatch):
     """The kernel behind attended_density (blocks of pixels skipped where every term is below e^-40 of Z_k
     or e^-50 in g) against the dense NumPy twin that sums every term: two clusters with a tail 1e-11 of their
     density on a grid refined around them, at beta 100, 300 and 1000 and with two heads. Where sigma >= 1e-6
@@ -696,6 +696,7 @@ def test_attended_density_pruned_kernel_against_its_dense_twin():
     with a log-domain sum (logsumexp) to 1e-12."""
     from scipy.special import logsumexp
 
+    import spherepde.grids.adaptive as A
     from spherepde.grids.adaptive import Refinement, _attended_density_dense, _attended_pixels, attended_density
 
     B = np.diag([-1.0, -1.0, 1.0])
@@ -715,14 +716,10 @@ def test_attended_density_pruned_kernel_against_its_dense_twin():
         assert np.abs(fast - dense).max() <= 1e-13 * f.max()
         r1 = Refinement(attended=True).flags(g, f, kernels[0][0], kernels)
         r2 = Refinement(attended=True, attended_floor=1e-8).flags(g, f, kernels[0][0], kernels)
-        import spherepde.grids.adaptive as A
-        orig = A.attended_density
-        A.attended_density = _attended_density_dense
-        try:
+        with monkeypatch.context() as m:  # the flags that the dense twin gives
+            m.setattr(A, "attended_density", _attended_density_dense)
             d1 = Refinement(attended=True).flags(g, f, kernels[0][0], kernels)
             d2 = Refinement(attended=True, attended_floor=1e-8).flags(g, f, kernels[0][0], kernels)
-        finally:
-            A.attended_density = orig
         for a, b in zip(r1 + r2, d1 + d2):
             assert np.array_equal(a, b)
 

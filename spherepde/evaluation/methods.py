@@ -297,16 +297,7 @@ class SourceBlocks:
 
     @staticmethod
     def _geometry(pts, starts):
-        sums = np.add.reduceat(pts, starts[:-1], axis=0)
-        nrm = np.linalg.norm(sums, axis=1)
-        c = np.where(nrm[:, None] > 1e-8, sums / np.maximum(nrm, 1e-300)[:, None], pts[starts[:-1]])
-        c /= np.linalg.norm(c, axis=1)[:, None]
-        owner = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
-        dots = np.einsum("ij,ij->i", pts, c[owner])
-        cr = np.minimum.reduceat(dots, starts[:-1])
-        # widen by a rounding margin so that the bound is valid for every point of the cluster
-        cr = np.clip(cr - 1e-12, -1.0, 1.0)
-        sr = np.sqrt(1.0 - cr * cr)
+        c, cr, sr = cap_geometry(pts, starts)
         return np.ascontiguousarray(c.T), cr, sr
 
     def log_masses(self, w_sorted: np.ndarray):
@@ -317,6 +308,22 @@ class SourceBlocks:
 
 
 # ------------------------------------------------------------------------------------ the methods
+def cap_geometry(pts: np.ndarray, starts: np.ndarray):
+    """The caps holding runs of unit points: for the points pts[starts[i]:starts[i + 1]], the centre (their
+    normalised sum; the first point where that sum nearly vanishes) as rows (n, d), and the cos and sin of
+    the angular radius, widened by a rounding margin so that the cap holds every point of the run."""
+    sums = np.add.reduceat(pts, starts[:-1], axis=0)
+    nrm = np.linalg.norm(sums, axis=1)
+    c = np.where(nrm[:, None] > 1e-8, sums / np.maximum(nrm, 1e-300)[:, None], pts[starts[:-1]])
+    c /= np.linalg.norm(c, axis=1)[:, None]
+    owner = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
+    dots = np.einsum("ij,ij->i", pts, c[owner])
+    cr = np.minimum.reduceat(dots, starts[:-1])
+    cr = np.clip(cr - 1e-12, -1.0, 1.0)
+    sr = np.sqrt(1.0 - cr * cr)
+    return c, cr, sr
+
+
 @register
 class Direct(Method):
     """O(N M) sums, exact to rounding (the reference); any d."""

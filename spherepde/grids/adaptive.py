@@ -46,6 +46,7 @@ import numba
 import numpy as np
 
 from .._checks import finite_float, positive_int
+from ..evaluation.methods import cap_geometry
 from ..kernels import attended as _att
 from ..kernels.fv import OUTFLOW_MARGIN
 from ._healpix_map import FACE_AREA, face_map
@@ -257,18 +258,12 @@ def _pruned_g(pix, M, Y, tgt, U, po, pi, k) -> np.ndarray:
     Ys, Ms = np.ascontiguousarray(Y[order]), M[order]
     P = len(Ms)
     bstart = np.append(np.arange(0, P, 64), P).astype(np.int64)
-    sums = np.add.reduceat(Ys, bstart[:-1], axis=0)
-    nrm = np.linalg.norm(sums, axis=1, keepdims=True)
-    bc = np.where(nrm > 1e-8, sums / np.maximum(nrm, 1e-300), Ys[bstart[:-1]])
-    bc /= np.linalg.norm(bc, axis=1, keepdims=True)
-    owner = np.repeat(np.arange(len(bstart) - 1), np.diff(bstart))
-    bcr = np.clip(np.minimum.reduceat(np.einsum("ij,ij->i", Ys, bc[owner]), bstart[:-1]) - 1e-12, -1.0, 1.0)
-    bsr = np.sqrt(1.0 - bcr * bcr)
+    bc, bcr, bsr = cap_geometry(Ys, bstart)  # the attention evaluator's source blocks' caps
     with np.errstate(divide="ignore"):
         blogm = np.log(np.add.reduceat(Ms, bstart[:-1]))
     nchunk = max(1, min(len(tgt), 8 * numba.get_num_threads()))
     G = np.zeros((nchunk, P))
-    _att.attended_sums(np.ascontiguousarray(U), M[tgt], Ys, Ms, bstart, np.ascontiguousarray(bc), bcr, bsr,
+    _att.attended_sums(np.ascontiguousarray(U), M[tgt], Ys, Ms, bstart, bc, bcr, bsr,
                        blogm, G)
     g = np.empty(P)
     g[order] = G.sum(axis=0)
