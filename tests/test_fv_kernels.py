@@ -551,3 +551,56 @@ def test_limited_rate_is_continuous_where_face_outflows_change_sign(scheme):
     d = 1e-9
     steepest = max(np.abs(rate(x + d) - rate(x - d)).max() / (2 * d) for x in roots)
     assert steepest <= 3.0 * lipschitz, (steepest, lipschitz)
+
+
+@pytest.mark.parametrize("grid_kind", ["healpix", "adaptive"])
+@pytest.mark.parametrize("courant", [0.3, 0.9, 3.0])
+def test_unlimited_outflows_are_the_limited_ones_bit_for_bit(grid_kind, courant):
+    """The stage kernel skips the positivity limiter where it would return theta = 1 (fv._unlimited_outflows:
+    every face outflow of the unscaled reconstruction >= 0, the total-outflow cap not binding). Its outflows
+    must be the limiter's to the bit, cell by cell, on a state where every branch is taken: cells at 0,
+    jumps that make face outflows negative, and steps whose cap binds (Courant number 3). The reference runs
+    the limiter in full (gradient, theta, outflows of the scaled gradient) with the kernel's own helpers."""
+    from numba import njit, uint64
+
+    @njit
+    def full_limiter(fb, stencil, cls, coef, side, area, dt, S, K, out):
+        for i in range(fb.shape[0]):
+            fi = fb[i]
+            capf = (1.0 - fv.OUTFLOW_MARGIN) * area[i] / dt
+            g0, g1, g2 = fv._ls_gradient(i, fb, stencil, i, coef, cls[i], S, 2)
+            theta = fv._positivity_theta(i, fi, g0, g1, g2, side, capf, K, 2)
+            g0 *= theta
+            g1 *= theta
+            for k in range(K):
+                out[uint64(i * K + k)] = max(side[i, k, 0] * fi + fv._side_dot(i, k, side, g0, g1, g2, 2), 0.0)
+
+    g = HealpixGrid(8) if grid_kind == "healpix" else _adaptive_grid()
+    model = ZeroTemperature(np.array([[1.0, 0.3, 0.0], [0.1, -1.0, 0.2], [0.0, 0.4, 0.8]]), np.eye(3))
+    F, G, d = g.face_points.shape
+    a = np.einsum("fgk,fgk->fg", model.velocity(g.face_points.reshape(-1, 3)).reshape(F, G, 3), g.face_normals)
+    rng = np.random.default_rng(7)
+    f = 1.0 + 0.1 * g.centers[:, 0]  # smooth (the fast path) ...
+    f[rng.random(g.n_cells) < 0.05] = 0.0  # ... with empty cells (theta = 0)
+    jump = rng.random(g.n_cells) < 0.05
+    f[jump] *= 50.0  # and jumps (negative face outflows: theta < 1)
+    mom = twin_moments(g, a)
+    side = _side(g, mom)
+    rate = np.empty(g.n_cells)
+    fv.cell_rates(mom, g.cell_faces, g.cell_face_sign, g.areas, rate, np.empty(g.n_cells))
+    dt = courant / rate.max()
+    cls, coef = g.stencil_classes
+    S, K = g.stencil_offsets.shape[1], g.inflow_offsets.shape[1]
+    ref = np.empty(g.n_cells * K)
+    full_limiter(f, g.stencil_offsets, cls, coef, side, g.areas, dt, S, K, ref)
+    outflow = np.full(g.n_cells * K, np.nan)
+    fv.stage_update(f, f, g.stencil_offsets, cls, coef, side, g.inflow_offsets, g.kernel_areas, dt, 0.0, True, True,
+                    outflow, np.empty(g.n_cells))
+    assert np.array_equal(outflow.view(np.int64), ref.view(np.int64))
+    # every branch was taken: theta = 1 by the fast path, and theta < 1 from face bounds or the cap
+    gr = np.empty((g.n_cells, 3))
+    fv.limited_gradient(f, g.stencil, cls, coef, g.tangent_basis, side, g.areas, dt, True, gr)
+    free = np.empty((g.n_cells, 3))
+    fv.limited_gradient(f, g.stencil, cls, coef, g.tangent_basis, side, g.areas, dt, False, free)
+    theta_lt1 = np.linalg.norm(gr, axis=1) < np.linalg.norm(free, axis=1) * (1 - 1e-12)
+    assert theta_lt1.sum() > 10 and (~theta_lt1 & (f > 0)).sum() > 10

