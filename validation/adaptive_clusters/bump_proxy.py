@@ -65,19 +65,28 @@ def run(nside_max: int, scheme: str, limiter: str, width: float, contraction: fl
     res = sp.solve(sp.AdaptiveHealpixGrid(8, nside_max), sp.Prescribed(vel, steady=contraction == 0), f0, t_end=T,
                    scheme=scheme, limiter=limiter)
     g = res.grid_at(len(res.times) - 1)
-    f = res.density[-1]
+    out = measure(g, res.density[-1], T)
+    m = res.density[-1] * g.areas
+    s = (g.xbar - out["centre"]) @ out["track"]  # along-track offset of each cell from the exact centre
+    out.update(cells=int(g.n_cells), mass_bins=np.histogram(s, BINS, weights=m)[0],
+               moment_bins=np.histogram(s, BINS, weights=m * s)[0])
+    return out
+
+
+def measure(g, f, T: float) -> dict:
+    """The bump's mass centroid against the exact one at time T: the angle between them ("error"), its
+    along-track part ("along", +: ahead), the rms angular width about the centroid, min f and the mass; with
+    the exact centre and the along-track unit vector ("centre", "track")."""
     m = f * g.areas
     cen = (m[:, None] * g.xbar).sum(0)
     cen /= np.linalg.norm(cen)
-    ce = c0 @ _rot(T).T
+    ce = _centre0() @ _rot(T).T
     along = np.cross(AXIS, ce)
     along /= np.linalg.norm(along)
     ang = np.arccos(np.clip(g.xbar @ cen, -1.0, 1.0))
-    s = (g.xbar - ce) @ along  # along-track offset of each cell from the exact centre
     return {"error": float(np.arccos(min(1.0, cen @ ce))), "along": float((cen - ce) @ along),
             "width": float(np.sqrt((m * ang ** 2).sum() / m.sum())), "min": float(f.min()),
-            "cells": int(g.n_cells), "mass_bins": np.histogram(s, BINS, weights=m)[0],
-            "moment_bins": np.histogram(s, BINS, weights=m * s)[0]}
+            "mass": float(m.sum()), "centre": ce, "track": along}
 
 
 def main():
