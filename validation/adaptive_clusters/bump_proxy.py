@@ -44,9 +44,9 @@ def _centre0():
     return c / np.linalg.norm(c)
 
 
-def run(nside_max: int, scheme: str, limiter: str, width: float, contraction: float, T: float = 1.0) -> dict:
-    import spherepde as sp
-
+def flow(contraction: float):
+    """The velocity v(x, t): the rigid rotation about AXIS, plus a contraction of rate ``contraction`` towards
+    the rotated centre."""
     c0 = _centre0()
 
     def vel(x, t):
@@ -56,12 +56,25 @@ def run(nside_max: int, scheme: str, limiter: str, width: float, contraction: fl
             v = v + contraction * (c - (x @ c)[:, None] * x)
         return v
 
+    return vel
+
+
+def bump(width: float):
+    """The vMF bump of angular width ``width`` at the initial centre, as f0(x) (with its feature hint)."""
+    c0 = _centre0()
     kappa = 1.0 / width ** 2
 
     def f0(x):
         return kappa / (2 * np.pi * (1 - np.exp(-2 * kappa))) * np.exp(kappa * (x @ c0 - 1))
 
     f0.features = [(c0, width)]
+    return f0
+
+
+def run(nside_max: int, scheme: str, limiter: str, width: float, contraction: float, T: float = 1.0) -> dict:
+    import spherepde as sp
+
+    vel, f0 = flow(contraction), bump(width)
     res = sp.solve(sp.AdaptiveHealpixGrid(8, nside_max), sp.Prescribed(vel, steady=contraction == 0), f0, t_end=T,
                    scheme=scheme, limiter=limiter)
     g = res.grid_at(len(res.times) - 1)

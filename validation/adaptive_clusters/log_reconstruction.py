@@ -32,7 +32,7 @@ import numpy as np
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from validation.adaptive_clusters.bump_proxy import AXIS, _centre0, _rot, measure  # noqa: E402
+from validation.adaptive_clusters.bump_proxy import _centre0, bump, flow, measure  # noqa: E402
 
 TINY = 1e-300
 CFL = 0.4
@@ -119,16 +119,8 @@ def run_case(nside, width, contraction, schemes, T=1.0):
 
     g = sp.HealpixGrid(nside)
     c0 = _centre0()
-
-    def vel(x, t):
-        v = np.cross(AXIS, x)
-        if contraction:
-            c = c0 @ _rot(t).T
-            v = v + contraction * (c - (x @ c)[:, None] * x)
-        return v
-
-    kappa = 1.0 / width ** 2
-    f0 = g.cell_average(lambda x: kappa / (2 * np.pi * (1 - np.exp(-2 * kappa))) * np.exp(kappa * (x @ c0 - 1)))
+    vel = flow(contraction)
+    f0 = g.cell_average(bump(width))
     h = np.sqrt(4 * np.pi / g.n_cells)
     w0 = float(np.sqrt(((f0 * g.areas) * np.arccos(np.clip(g.xbar @ c0, -1, 1)) ** 2).sum() / (f0 @ g.areas)))
     rows = []
