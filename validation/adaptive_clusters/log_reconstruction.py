@@ -77,6 +77,10 @@ class LogReconstruction:
         return (tot / g.areas).max()
 
     def __call__(self, f, t, dt):
+        return self.rhs(f, self.weights(t), dt)
+
+    def rhs(self, f, a, dt):
+        """df/dt of the forward-Euler stage of step dt from f, with the normal-velocity weights a (F, G)."""
         g = self.g
         y = np.log(np.maximum(f, TINY))
         r = np.einsum("nrs,ns->nr", self.C, y[g.stencil] - y[:, None])
@@ -86,7 +90,6 @@ class LogReconstruction:
         o, n = g.owner, g.neighbour
         vo = f[o][:, None] * np.exp(np.einsum("fgr,fr->fg", self.Po, r[o]) - top[o][:, None]) / mean[o][:, None]
         vn = f[n][:, None] * np.exp(np.einsum("fgr,fr->fg", self.Pn, r[n]) - top[n][:, None]) / mean[n][:, None]
-        a = self.weights(t)
         out_o = (np.maximum(a, 0) * vo).sum(1)
         out_n = -(np.minimum(a, 0) * vn).sum(1)
         tot = np.zeros(g.n_cells)
