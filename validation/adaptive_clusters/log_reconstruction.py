@@ -18,7 +18,7 @@ towards the moving centre; the exact centroid stays on the rotated centre. Width
 matches the adaptive clusters' (w = 0.003 on nside_max 1024 cells: w / h ~ 3; bump_proxy's 0.006 and 0.003
 on nside_max 256: 1.5 and 0.75). The package's schemes run through ``spherepde.solve`` on the same grid.
 
-Usage: python validation/adaptive_clusters/log_reconstruction.py   (about 30 minutes on 2 cores)
+Usage: python validation/adaptive_clusters/log_reconstruction.py   (about 40 minutes on 2 cores)
 Writes log_reconstruction.md beside this file.
 """
 from __future__ import annotations
