@@ -45,6 +45,14 @@ def _monomials(u, R):
     return np.stack(cols, -1)
 
 
+def _cell_sums(g, own, nbr):
+    """Per cell, the sum of ``own`` over the faces it owns and of ``nbr`` over those it neighbours."""
+    out = np.zeros(g.n_cells)
+    np.add.at(out, g.owner, own)
+    np.add.at(out, g.neighbour, nbr)
+    return out
+
+
 class LogReconstruction:
     """Right-hand side of the continuity equation with the log-f reconstruction (R = 2 or 5 coefficients)."""
 
@@ -71,9 +79,7 @@ class LogReconstruction:
     def rate(self, t):
         """Largest outflow Courant rate (outflow coefficient over area)."""
         g, a = self.g, self.weights(t)
-        tot = np.zeros(g.n_cells)
-        np.add.at(tot, g.owner, np.maximum(a, 0).sum(1))
-        np.add.at(tot, g.neighbour, -np.minimum(a, 0).sum(1))
+        tot = _cell_sums(g, np.maximum(a, 0).sum(1), -np.minimum(a, 0).sum(1))
         return (tot / g.areas).max()
 
     def __call__(self, f, t, dt):
@@ -92,16 +98,11 @@ class LogReconstruction:
         vn = f[n][:, None] * np.exp(np.einsum("fgr,fr->fg", self.Pn, r[n]) - top[n][:, None]) / mean[n][:, None]
         out_o = (np.maximum(a, 0) * vo).sum(1)
         out_n = -(np.minimum(a, 0) * vn).sum(1)
-        tot = np.zeros(g.n_cells)
-        np.add.at(tot, o, out_o)
-        np.add.at(tot, n, out_n)
+        tot = _cell_sums(g, out_o, out_n)
         cap = (1 - 1e-12) * f * g.areas / dt
         s = np.where(tot > cap, cap / np.where(tot > 0, tot, 1.0), 1.0)
         flux = out_o * s[o] - out_n * s[n]
-        net = np.zeros(g.n_cells)
-        np.add.at(net, o, flux)
-        np.add.at(net, n, -flux)
-        return -net / g.areas
+        return -_cell_sums(g, flux, -flux) / g.areas
 
 
 def solve_log(g, R, vel, steady, f, T):
