@@ -41,8 +41,9 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------- time steppers
 # The schemes and their embedded error estimates live in spherepde.steppers (re-exported here).
 
-#: Spatial schemes: first-order upwind, linear (second order) or quadratic (third order) reconstruction.
-SCHEMES = ("upwind", "linear", "quadratic")
+#: Spatial schemes: first-order upwind, linear (second order) or quadratic (third order) reconstruction, or the
+#: quadratic reconstruction of log f (positive by construction; S^2).
+SCHEMES = ("upwind", "linear", "quadratic", "log-quadratic")
 LIMITERS = ("positivity", "maximum", "none")
 FIELD_TIMES = ("exact", "interpolate")
 
@@ -58,7 +59,16 @@ class Options:
         quadratic reconstruction on the same stencils (third order in space,
         :func:`spherepde.grids.base.quadratic_stencil`; with the default third-order stepper the scheme is
         third order in time too), with the same positivity limiter applied to the whole quadratic;
-        "upwind": piecewise constant.
+        "upwind": piecewise constant. "log-quadratic" (S^2 grids): f = f_i exp(L_i) / <exp(L_i)>_i in
+        each cell, L_i the least-squares quadratic of log f on the same stencils, the cell mean f_i exactly
+        (:func:`spherepde.kernels.fv.stage_update_log`). Positive by construction, so no limiter scales it:
+        narrow clusters (a vMF bump is the exponential of a nearly quadratic function) keep their shape and
+        position inside a cell where the limited polynomial schemes smear them by a cell (measured on
+        the bump proxy: centroid errors 2-10x smaller, ``validation/adaptive_clusters``). Third order for
+        smooth positive f; it costs ~45 exponentials a cell and stage (several times the linear
+        kernel), and on densities that are exactly 0 in places it fits log(1e-300) there. With
+        ``limiter="positivity"`` (the default) a cell's outflows are scaled down where they would empty
+        it in a stage; "none" drops that cap.
     limiter : {"positivity", "maximum", "none"}, default "positivity"
         "positivity": Zhang-Shu-type scaling of the reconstruction that guarantees non-negative cell
         averages for any CFL <= 1 and keeps smooth extrema second order. "maximum": the same plus a
@@ -147,9 +157,9 @@ class Options:
             raise ValueError(f"scheme must be one of {SCHEMES}, got {self.scheme!r}")
         if self.limiter not in LIMITERS:
             raise ValueError(f"limiter must be one of {LIMITERS}, got {self.limiter!r}")
-        if self.scheme == "quadratic" and self.limiter == "maximum":
+        if self.scheme in ("quadratic", "log-quadratic") and self.limiter == "maximum":
             raise ValueError("limiter='maximum' (the Barth-Jespersen bound of the linear reconstruction) needs "
-                             "scheme='linear'; with scheme='quadratic' use limiter 'positivity' or 'none'")
+                             f"scheme='linear'; with scheme={self.scheme!r} use limiter 'positivity' or 'none'")
         if not isinstance(self.stepper, str) or (self.stepper != "auto" and self.stepper not in STEPPERS):
             raise ValueError(f"stepper must be 'auto' or one of {tuple(STEPPERS)}, got {self.stepper!r}")
         object.__setattr__(self, "cfl", finite_float(self.cfl, "cfl", low=0.0, high=1.0, low_open=True))
@@ -307,6 +317,10 @@ class Solver:
                             f"{type(model).__name__}")
         if getattr(model, "dim", None) != grid.dim:
             raise ValueError(f"model.dim ({getattr(model, 'dim', None)}) must equal grid.dim ({grid.dim})")
+        if self.options.scheme == "log-quadratic" and (grid.dim != 3 or getattr(grid, "cell_weights", None) is None):
+            raise ValueError(f"scheme='log-quadratic' needs an S^2 grid with a fixed cell quadrature (cell_points, "
+                             f"cell_weights: HealpixGrid, AdaptiveHealpixGrid), got {type(grid).__name__} of dim "
+                             f"{grid.dim}; use scheme 'linear' or 'quadratic' there")
         self.model = model
         self._bounds = _terms.boundaries(model)  # layer starts: every step ends on them
         self._active_key = None  # the layer interval whose resolved model is self._active
@@ -357,6 +371,7 @@ class Solver:
         self._g = np.zeros((N, d))  # gradients and face fluxes: limiter="maximum" only
         self._flux = np.empty(F)
         self._outflow = None  # per cell and face outflows of the fused stage kernel
+        self._logf = None  # log f of the log-quadratic stage
         self._rate = np.empty(N)
         self._div = np.empty(N)
         self._buffers = [np.empty(N), np.empty(N)]  # stage outputs; never alias self.f
@@ -855,6 +870,10 @@ class Solver:
             a_prev, c = a, 0.0
         quadratic = self.options.scheme == "quadratic"
         mom, side = self._moment_arrays()
+        if self.options.scheme == "log-quadratic":  # the weights point by point (the stage is not linear in them)
+            fv.face_side_weights(a, a_prev, c, grid.face_points, grid.xbar, grid.owner, grid.neighbour,
+                                 grid.face_slots, mom, side)
+            return mom, side
         if quadratic:
             pa, pb = quadratic_pair_arrays(grid.dim)
             fv.face_side_moments_quadratic(a, a_prev, c, grid.face_points, grid.xbar, grid.tangent_basis,
@@ -891,8 +910,9 @@ class Solver:
                 return mom, side
         mom = np.empty((grid.n_faces, fv.moment_width(grid.dim)))
         L, Q = quadratic_width(grid.dim)
-        # (q, Q in the cell's tangent frame[, quadratic moments])
-        side = np.empty(grid.cell_faces.shape + ((1 + L + Q) if self.options.scheme == "quadratic" else grid.dim,))
+        # (q, Q in the cell's tangent frame[, quadratic moments]), or the log-quadratic scheme's point weights
+        width = {"quadratic": 1 + L + Q, "log-quadratic": grid.face_points.shape[1]}.get(self.options.scheme, grid.dim)
+        side = np.empty(grid.cell_faces.shape + (width,))
         if self._padding is None:
             self._padding = np.nonzero(grid.cell_face_sign == 0)
         side[self._padding] = 0.0
@@ -917,6 +937,16 @@ class Solver:
             return
         if self._outflow is None:
             self._outflow = np.empty(grid.cell_faces.size)
+        if opt.scheme == "log-quadratic":
+            if self._logf is None:
+                self._logf = np.empty(grid.n_cells)
+            fv.log_values(fb, self._logf)
+            cls, coef = grid.log_quadratic_classes
+            fv.stage_update_log(fa, fb, self._logf, grid.stencil_offsets, cls, coef, grid.cell_points,
+                                grid.cell_weights, mom[1], grid.cell_faces, grid.face_points, grid.xbar,
+                                grid.tangent_basis, grid.inflow_offsets, grid.kernel_areas, dt, alpha,
+                                opt.limiter != "none", self._outflow, out)
+            return
         if opt.scheme == "quadratic":
             cls, coef = grid.quadratic_classes
             fv.stage_update_quadratic(fa, fb, grid.stencil_offsets, cls, coef, mom[1], grid.inflow_offsets,

@@ -162,6 +162,18 @@ class Grid:
         return stencil_classes(self.quadratic_coef[0])
 
     @cached_property
+    def log_quadratic_classes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(cls (N,), table (C, S, R)): the coefficients of the log-quadratic scheme
+        (``Options(scheme="log-quadratic")``, :func:`spherepde.kernels.fv.stage_update_log`), grouped as in
+        :attr:`stencil_classes`: the weighted least-squares quadratic through the *point values* of log f
+        at the neighbours' mean positions (:func:`quadratic_stencil` with zero second moments, frames
+        ``tangent_basis`` about ``xbar``): log f is fitted as a function, not as cell means, since the
+        log of a cell mean is not the mean of the log."""
+        nbrs = np.where(self.stencil == np.arange(self.n_cells)[:, None], -1, self.stencil)
+        zero = np.zeros((self.n_cells, self.dim, self.dim))
+        return stencil_classes(quadratic_stencil(self.xbar, zero, nbrs, self.tangent_basis)[0])
+
+    @cached_property
     def source_rule(self) -> tuple[np.ndarray, np.ndarray]:
         """(points (N, P, d), offsets (N, P, d)): a P = 2 (d - 1) point rule per cell on the sphere for the
         attention field's sources with the quadratic scheme. The points lie at geodesic distance s_k along
