@@ -66,7 +66,8 @@ class Options:
         position inside a cell where the limited polynomial schemes smear them by a cell (measured on
         the bump proxy: centroid errors 2-10x smaller, ``validation/adaptive_clusters``). Third order for
         smooth positive f; it costs ~45 exponentials a cell and stage (several times the linear
-        kernel), and on densities that are exactly 0 in places it fits log(1e-300) there. With
+        kernel). On densities that are exactly 0 next to sharp edges (a cosine bell on a zero
+        background) it fits log(1e-300) there and is worse than the quadratic scheme (docs/user_guide.md). With
         ``limiter="positivity"`` (the default) a cell's outflows are scaled down where they would empty
         it in a stage; "none" drops that cap.
     limiter : {"positivity", "maximum", "none"}, default "positivity"
