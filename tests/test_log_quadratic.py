@@ -8,6 +8,7 @@ import pytest
 import spherepde as sp
 from spherepde.grids.adaptive import AdaptiveHealpixGrid
 from spherepde.kernels import fv
+from test_quadratic import check_bell_positivity_and_mass  # the cosine bell rotated once: f >= 0, exact mass
 
 
 def _cap(c, cos):
@@ -151,18 +152,8 @@ def test_third_order_across_a_refined_patch_and_the_bump_nearly_exact():
 def test_positivity_and_mass_with_zeros():
     """A compactly supported cosine bell (zero on most of the sphere: log f at the floor log 1e-300 there)
     rotated once on HEALPix and on the mixed adaptive grid: every cell >= 0, mass to round-off (a few ulps
-    a step, summed)."""
-    c = np.array([0.0, -1.0, 0.0])
-
-    def bell(x):
-        r = np.arccos(np.clip(x @ c, -1, 1))
-        return np.where(r < 1 / 3, 0.5 * (1 + np.cos(3 * np.pi * r)), 0.0)
-
-    for g in (sp.HealpixGrid(16), GRIDS["adaptive"]()):
-        res = sp.solve(g, sp.Prescribed.rigid_rotation([0.0, 0.0, 1.0]), bell, 2 * np.pi, scheme="log-quadratic")
-        m = np.asarray(res.diagnostics["mass"])
-        assert res.density.min() >= 0.0
-        assert np.abs(m - m[0]).max() <= 1e-14 * m[0] * len(m) ** 0.5, np.abs(m - m[0]).max()
+    a step, summed): tests/test_quadratic.py's check."""
+    check_bell_positivity_and_mass("log-quadratic", (sp.HealpixGrid(16), GRIDS["adaptive"]()))
 
 
 def test_a_narrow_bump_keeps_its_place():

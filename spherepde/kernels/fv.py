@@ -188,6 +188,14 @@ def _store_side3(side, slots, basis, o, n, f, P, p0, p1, p2, Nn, n0, n1, n2):
 
 
 @njit(inline="always")
+def _face_row(f, owner, neigh, slots, mom, d):
+    """Owner, neighbour and their slots of face f, its row of the face moments zeroed (the general-d loops)."""
+    for c2 in range(2 + 2 * d):
+        mom[f, c2] = 0.0
+    return owner[f], neigh[f], slots[f, 0], slots[f, 1]
+
+
+@njit(inline="always")
 def _add_point_moments(a, a_prev, c, pts, xbar, o, n, f, gg, d, mom):
     """Add Gauss point gg of face f to its row of ``mom`` (the general-d loops); returns the point's
     (max(a, 0), min(a, 0)) of the extrapolated weight a + c (a - a_prev)."""
@@ -746,12 +754,7 @@ def face_side_moments_quadratic(a, a_prev, c, pts, xbar, basis, qmean, pa, pb, o
             side[n, sn, 5] = -(nq2 - Nn * qmean[n, 2])
         return
     for f in prange(F):
-        o = owner[f]
-        n = neigh[f]
-        so = slots[f, 0]
-        sn = slots[f, 1]
-        for c2 in range(2 + 2 * d):
-            mom[f, c2] = 0.0
+        o, n, so, sn = _face_row(f, owner, neigh, slots, mom, d)
         for r in range(1 + L + Q):
             side[o, so, r] = 0.0
             side[n, sn, r] = 0.0
@@ -889,12 +892,7 @@ def face_side_weights(a, a_prev, c, pts, xbar, owner, neigh, slots, mom, wside):
     F, G = a.shape
     d = xbar.shape[1]
     for f in prange(F):
-        o = owner[f]
-        n = neigh[f]
-        so = slots[f, 0]
-        sn = slots[f, 1]
-        for c2 in range(2 + 2 * d):
-            mom[f, c2] = 0.0
+        o, n, so, sn = _face_row(f, owner, neigh, slots, mom, d)
         for gg in range(G):
             pos, neg = _add_point_moments(a, a_prev, c, pts, xbar, o, n, f, gg, d, mom)
             wside[o, so, gg] = pos + neg
