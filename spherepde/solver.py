@@ -65,8 +65,9 @@ class Options:
         narrow clusters (a vMF bump is the exponential of a nearly quadratic function) keep their shape and
         position inside a cell where the limited polynomial schemes smear them by a cell (measured on
         the bump proxy: centroid errors 2-10x smaller, ``validation/adaptive_clusters``). Third order for
-        smooth positive f; it costs ~45 exponentials a cell and stage (several times the linear
-        kernel). On densities that are exactly 0 next to sharp edges (a cosine bell on a zero
+        smooth positive f; it costs ~45 exponentials a cell and stage: a step takes ~15 times the
+        linear scheme's on a uniform grid (nside 128, steady field), 1.5-1.8 times on the adaptive
+        clusters study, where the attention field dominates. On densities that are exactly 0 next to sharp edges (a cosine bell on a zero
         background) it fits log(1e-300) there and is worse than the quadratic scheme (docs/user_guide.md). With
         ``limiter="positivity"`` (the default) a cell's outflows are scaled down where they would empty
         it in a stage; "none" drops that cap.
