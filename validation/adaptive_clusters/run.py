@@ -246,19 +246,27 @@ def plot(res, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.6), sharey=True)
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.8), sharey=True)
+    levels = sorted({r["nside_max"] for r in res["rows"] if r["label"].startswith("adaptive")})
+    colour = {n: plt.cm.viridis(0.9 * i / max(1, len(levels) - 1)) for i, n in enumerate(levels)}
+    style = {"log-quadratic": "o-", "linear": "^--", "quadratic": "s:"}  # a level's colour, a scheme's line
     for k, ax in enumerate(axes):
         for r in res["rows"]:
             e = [max(x[k], 1e-7) for x in r["error"]]
-            ax.semilogy(r["times"], e, "o-" if r["label"].startswith("adaptive") else "s--", ms=3, label=r["label"])
+            if r["label"].startswith("adaptive"):
+                ax.semilogy(r["times"], e, style[scheme_of(r["label"])], ms=3, color=colour[r["nside_max"]],
+                            label=f"nside_max {r['nside_max']} {scheme_of(r['label'])}")
+            else:
+                ax.semilogy(r["times"], e, "x-.", ms=4, color="tab:red", label=r["label"])
         ax.axhline(res["target"], color="k", lw=0.8, ls=":")
         ax.set_title(f"cluster {k + 1} (mass {res['masses'][k]})", fontsize=9)
         ax.set_xlabel("t")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("centroid - particle angle (rad)")
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=6, ncol=2, loc="lower right")
     fig.suptitle(f"three clusters of width {res['width']} rad, beta {res['beta']:g}: PDE against weighted particles "
-                 f"(dotted: the target {res['target']} rad)", fontsize=9)
+                 f"(black dotted: the target {res['target']} rad; colour: the finest level, line: the scheme)",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
