@@ -107,7 +107,7 @@ def refinement_name(attended: bool, attended_floor: float | None = None, attenti
 
 def spec(beta: float, nside_max: int, nside_min: int | None = None, attended: bool = False,
          attended_floor: float | None = None, f0: str = "perturbed", attention_variation: float = 0.0,
-         t_end: float | None = None, rtol: float | None = None):
+         t_end: float | None = None, rtol: float | None = None, scheme: str | None = None):
     """The sweep of one level (one member); ``nside_min`` other than NSIDE_MIN (the tails' resolution,
     see the README), the attended refinement (``Refinement(attended=True)``) and its own floor for the
     attention density (``attended_floor``, below the mass floor 1e-4) get sweep names of their own, and so
@@ -115,7 +115,8 @@ def spec(beta: float, nside_max: int, nside_min: int | None = None, attended: bo
     the attention criterion confined to where f varies (``attention_variation``, ``Refinement``), and a run
     to another end time than T_END (``t_end``: a level run for t_exit and the plateau, which lie before it),
     and the error control's tolerance ``rtol`` other than its default (``[scheme] rtol``: the step-size
-    ladder of a level, never a level of the resolution ladders: :func:`ladder`)."""
+    ladder of a level, never a level of the resolution ladders: :func:`ladder`), and a reconstruction other
+    than the default linear one (``scheme``: log_tails.py's probe)."""
     if f0 not in ("perturbed", "uniform"):
         raise ValueError(f"f0 must be 'perturbed' or 'uniform', got {f0!r}")
     from spherepde.sweeps import parse_sweep
@@ -136,11 +137,13 @@ def spec(beta: float, nside_max: int, nside_min: int | None = None, attended: bo
     base["time"]["t_end"] = T_END if t_end is None else float(t_end)
     if rtol is not None:
         base["scheme"]["rtol"] = float(rtol)
+    if scheme is not None:
+        base["scheme"]["scheme"] = scheme
     tag = (("" if nmin == NSIDE_MIN else f"_min{nmin}") + ("_att" if attended else "")
            + (f"_af{attended_floor:g}" if attended and attended_floor is not None else "")
            + (f"_av{attention_variation:g}" if attention_variation else "")
            + ("_uniform" if f0 == "uniform" else "") + ("" if t_end is None else f"_T{t_end:g}")
-           + ("" if rtol is None else f"_rtol{rtol:.0e}"))
+           + ("" if rtol is None else f"_rtol{rtol:.0e}") + ("" if scheme is None else f"_{scheme}"))
     return parse_sweep({"sweep": {"name": f"fig4_adaptive_b{beta:g}_{nside_max}{tag}"}, "base": base}, base_dir=HERE)
 
 
