@@ -67,10 +67,11 @@ class Options:
         the bump proxy: centroid errors 2-10x smaller, ``validation/adaptive_clusters``). Third order for
         smooth positive f; it costs ~45 exponentials a cell and stage: a step takes ~15 times the
         linear scheme's on a uniform grid (nside 128, steady field), 1.5-1.8 times on the adaptive
-        clusters study, where the attention field dominates. On densities that are exactly 0 next to sharp edges (a cosine bell on a zero
-        background) it fits log(1e-300) there and is worse than the quadratic scheme (docs/user_guide.md). With
-        ``limiter="positivity"`` (the default) a cell's outflows are scaled down where they would empty
-        it in a stage; "none" drops that cap.
+        clusters study, where the attention field dominates. On densities that are exactly 0 next to
+        sharp edges (a cosine bell on a zero background) it fits log(1e-300) there and is worse than the
+        quadratic scheme (docs/user_guide.md). With ``limiter="positivity"`` (the default) a cell's
+        outflows are bounded by min(8 q_tot, |C_i| / dt) f_i (``fv.LOG_OUTFLOW_RATIO``; positive for any
+        step); "none" drops that bound.
     limiter : {"positivity", "maximum", "none"}, default "positivity"
         "positivity": Zhang-Shu-type scaling of the reconstruction that guarantees non-negative cell
         averages for any CFL <= 1 and keeps smooth extrema second order. "maximum": the same plus a
