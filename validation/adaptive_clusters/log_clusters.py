@@ -1,6 +1,9 @@
 """The clusters study's member with the log-quadratic reconstruction of ``log_reconstruction.py`` in place of the
 solver's stage kernel: a prototype experiment, outside the package and the study's criteria.
 
+Superseded on 2026-12-05 by the package's ``Options(scheme="log-quadratic")`` (a Numba kernel with a step-independent
+outflow bound; README.md); kept as the record of the prototype's numbers.
+
 The solver runs as in ``run.py`` (``run_experiment``, adaptive grid, attention field, regrids, error control); two
 of its methods are replaced for this process only: ``Solver._compute_moments`` also keeps the normal-velocity
 weights each moment set was made from (the extrapolated ones, a + c (a - a_prev), as the moments take them), and

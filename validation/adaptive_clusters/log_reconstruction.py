@@ -1,5 +1,8 @@
 """A prototype, not part of the package: transport with a reconstruction of log f, measured on the bump proxy.
 
+Superseded on 2026-12-05 by the package's ``Options(scheme="log-quadratic")`` (a Numba kernel with a step-independent
+outflow bound; README.md); kept as the record of the prototype's numbers.
+
 The positivity-preserving schemes smear a bump a few cells wide and move its centroid by a fraction of a
 cell per radian (``bump_proxy.md``); the unlimited scheme keeps it but goes negative. A reconstruction of
 log f is positive by construction: in cell i, f(x) = f_i exp(L_i(u)) / <exp(L_i)>_i, with u = B_i (x - xbar_i)
