@@ -6,7 +6,8 @@ nside 16 and 15.36 at nside 32 (README, "The attended refinement"): the tails, ~
 the coarsest cells since the collapse, set it. The linear scheme carries them with an absolute error of the
 limited reconstruction; a reconstruction of log f (``Options(scheme="log-quadratic")``) carries them with a
 relative one. This runs the same two levels (``adaptive.spec`` with the attended refinement) with that scheme
-and prints t_exit, t_EF and the plateau W2 beside the linear records of ``adaptive.json``.
+and prints t_exit, t_EF and the terminal phase's better-conditioned readings (``adaptive.terminal``: the
+departure from the stall cone, the drift after it) beside the linear records of ``adaptive.json``.
 
 Usage: python validation/fig4_concentration/log_tails.py [--nside-min 16 32] [--nside-max 128]
 Sweeps in sweep_runs/<the level's name>_log-quadratic (not committed); writes log_tails.json beside this file.
@@ -33,9 +34,13 @@ def run_level(nside_min: int, nside_max: int, beta: float = 30.0) -> dict:
     err = [str(e) for e in ds.error.values.ravel() if e]
     if err:
         raise RuntimeError(f"{name}: {err[0]}")
-    return {"nside_min": nside_min, "nside_max": nside_max, "beta": beta, "t_exit": float(ds["t_exit"]),
-            "t_EF": float(ds["t_EF"]), "steps": int(ds["n_steps"]), "wall_s": float(ds["wall_time"]),
-            "mass_drift": float(ds["mass_drift"]), "min_f": float(ds["min_density_steps"])}
+    rec = {"times": ds["time"].values.tolist(), "t_exit": float(ds["t_exit"])}
+    for key, src in (("align_E", "alignment_E"), ("align_F", "alignment_F"), ("align_Fabs", "alignment_F_abs")):
+        rec[key] = ds[src].values.ravel().tolist()
+    return {"nside_min": nside_min, "nside_max": nside_max, "beta": beta, "t_exit": rec["t_exit"],
+            "t_EF": float(ds["t_EF"]), **A.terminal(rec), "steps": int(ds["n_steps"]),
+            "wall_s": float(ds["wall_time"]), "mass_drift": float(ds["mass_drift"]),
+            "min_f": float(ds["min_density_steps"])}
 
 
 def main(argv=None):
