@@ -923,15 +923,7 @@ def _log_outflows(i, fb, y, stencil_off, coef, ci, cell_pts, cell_w, wside, cell
         for k in range(K):
             outflow[base + k] = 0.0
         return
-    yi = y[i]
-    r0 = r1 = r2 = r3 = r4 = 0.0
-    for k in range(S):
-        dy = y[uint64(i + stencil_off[i, k])] - yi
-        r0 += coef[ci, k, 0] * dy
-        r1 += coef[ci, k, 1] * dy
-        r2 += coef[ci, k, 2] * dy
-        r3 += coef[ci, k, 3] * dy
-        r4 += coef[ci, k, 4] * dy
+    r0, r1, r2, r3, r4 = _quad_rec(i, y, stencil_off, coef, ci, S, 5)[:5]  # the quadratic's coefficients of log f
     xb0 = xbar[i, 0]
     xb1 = xbar[i, 1]
     xb2 = xbar[i, 2]

@@ -58,6 +58,8 @@ BAR = {"t_exit": 0.02, "t_EF": 0.02, "plateau_w2": 0.05}
 #: stall cone, the time at which F's alignment reaches F_DEPART after the exit, and the slow drift that
 #: follows, the slope of align F - align E over DRIFT_WINDOW (least squares over the saved states).
 F_DEPART = 0.2
+#: A level record's alignment series and the sweep dataset's variables they come from.
+ALIGNMENTS = (("align_E", "alignment_E"), ("align_F", "alignment_F"), ("align_Fabs", "alignment_F_abs"))
 DRIFT_WINDOW = (20.0, 28.0)
 #: The tails: cells below this fraction of the heaviest cell's mass (their share of the attention weight).
 TAIL_FRACTION = 1e-6
@@ -177,8 +179,7 @@ def member(beta: float, nside_max: int, run: bool = True, nside_min: int | None 
     if str(ds["status"].values) != "done" or t[-1] < T - 1e-9:
         return None
     rows = {k: np.asarray(ds[src].values, float).tolist() for k, src in
-            (("align_E", "alignment_E"), ("align_F", "alignment_F"), ("align_Fabs", "alignment_F_abs"),
-             ("W2", "w2_limit"))}
+            ALIGNMENTS + (("W2", "w2_limit"),)}
     cells = [int(c) for c in ds["n_cells"].values]
     W2 = np.asarray(rows["W2"])
     in20 = t <= T_FIG4 + 1e-9

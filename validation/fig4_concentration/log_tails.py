@@ -35,7 +35,7 @@ def run_level(nside_min: int, nside_max: int, beta: float = 30.0) -> dict:
     if err:
         raise RuntimeError(f"{name}: {err[0]}")
     rec = {"times": ds["time"].values.tolist(), "t_exit": float(ds["t_exit"])}
-    for key, src in (("align_E", "alignment_E"), ("align_F", "alignment_F"), ("align_Fabs", "alignment_F_abs")):
+    for key, src in A.ALIGNMENTS:
         rec[key] = ds[src].values.ravel().tolist()
     return {"nside_min": nside_min, "nside_max": nside_max, "beta": beta, "t_exit": rec["t_exit"],
             "t_EF": float(ds["t_EF"]), **A.terminal(rec), "steps": int(ds["n_steps"]),
