@@ -1,0 +1,243 @@
+"""The terminal phase without transport error: an adaptive level's saved state continued as weighted particles
+(issue #17, a check of the density-level t_depart and t_EF).
+
+A weighted empirical measure sum_i m_i delta_{x_i} whose points move with the attention field of the measure
+itself (``simulate_particles`` with ``weights``) is an exact measure-valued solution of the mean-field
+equation. Started from a PDE level's saved state at t0 (each cell's mass m = f A placed at the centres of its
+4^s NESTED descendants at s orders below it, m / 4^s each: the cell's mass as the piecewise-constant density
+on 4^s points), it continues that state with no transport error after t0: no diffusion of the tails (cells
+down to ~1e-27 of the mass keep their mass exactly) and no numerical width of the clusters. Its only errors
+are the placement of the mass inside each cell at t0 (the ladder in s) and the time step (RK4, the ladder in
+dt), and the field's certified bound (tol 1e-10, the study's).
+
+Read beside the PDE's own continuation: where the two agree, the level's terminal phase after t0 is the
+equation's evolution of its state at t0; where they differ, the scheme's error after t0 moves it.
+
+Usage: python validation/fig4_concentration/lagrangian.py --run NAME --t0 10 --t-end 20 [--split 0 1] [--dt 0.02]
+NAME is a sweep directory under sweep_runs/ (an adaptive level's). Writes lagrangian.json beside this file
+(one row per run, keyed by NAME, t0, split and dt) and lagrangian.png; lagrangian.md; ``--figure`` redraws those two from the JSON only.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from validation.fig4_concentration import adaptive as A  # noqa: E402
+
+OUT = HERE / "lagrangian.json"
+#: The field's certified bound, the study's (FIELD_TOL of fig3_density; sweeps/base.toml).
+TOL = 1e-10
+SAVE_EVERY = 0.25
+
+
+def member(name: str):
+    """The saved result of sweep ``name`` (its single member)."""
+    import spherepde as sp
+
+    paths = glob.glob(str(A.RUNS / name / "members" / "*" / "results.h5"))
+    if len(paths) != 1:
+        raise FileNotFoundError(f"sweep {name!r}: expected one member's results.h5 under {A.RUNS / name}, found {len(paths)}")
+    return sp.load(paths[0])
+
+
+def particles_of(grid, f, split: int):
+    """Points and masses: every cell of positive mass as 4^split points at its NESTED descendants' centres,
+    each with a 4^-split share of the cell's mass f A (the piecewise-constant density)."""
+    import healpy as hp
+
+    m = f * grid.areas
+    keep = m > 0
+    if split == 0:
+        return grid.centers[keep], m[keep]
+    o, ip = grid.order[keep], grid.ipix[keep]
+    q = 4 ** split
+    kids = (ip[:, None] << (2 * split)) + np.arange(q)
+    x = np.empty((len(o), q, 3))
+    for k in np.unique(o):
+        sel = o == k
+        x[sel] = np.stack(hp.pix2vec(1 << int(k + split), kids[sel].ravel(), nest=True), axis=-1).reshape(-1, q, 3)
+    return x.reshape(-1, 3), np.repeat(m[keep] / q, q)
+
+
+def alignments(points, weights, s) -> list[float]:
+    from spherepde.diagnostics import alignment
+
+    return [alignment(points, weights, getattr(s, k)) for k in ("E", "F", "F_abs")]
+
+
+def readings(times, E, F, t_exit) -> dict:
+    """t_EF (spherepde.diagnostics.transition_time) and the terminal phase's readings (adaptive.terminal)."""
+    from spherepde.diagnostics import transition_time
+
+    t_ef = transition_time(times, E, F)
+    rec = {"times": list(times), "align_E": list(E), "align_F": list(F), "t_exit": t_exit}
+    return {"t_EF": None if np.isnan(t_ef) else float(t_ef), **A.terminal(rec)}
+
+
+def continue_run(name: str, t0: float, t_end: float, split: int, dt: float, beta: float = 30.0) -> dict:
+    import spherepde as sp
+    from spherepde.config import MATRIX_PRESETS
+    from spherepde.diagnostics import exit_time
+    from spherepde.particles import simulate_particles
+    from spherepde.spectral import spectral_data
+
+    res = member(name)
+    if list(res.times[:2]) != [0.0, SAVE_EVERY]:
+        raise ValueError(f"{name}: saved every {res.times[1] - res.times[0]}, not {SAVE_EVERY}")
+    i = int(np.argmin(np.abs(res.times - t0)))
+    if abs(res.times[i] - t0) > 1e-9:
+        raise ValueError(f"t0 = {t0} is not a saved time of {name} (saved every {SAVE_EVERY})")
+    if t_end > res.times[-1] + 1e-9:
+        raise ValueError(f"t_end = {t_end} is past the run's last saved time {res.times[-1]}")
+    g = res.grid_at(i)
+    x0, w = particles_of(g, res.density[i], split)
+    P = MATRIX_PRESETS["paper"]
+    model = sp.Attention(P["B"], P["V"], beta, tol=TOL)
+    s = spectral_data(P["B"], P["V"])
+    save = np.arange(0.0, t_end - t0 + 1e-9, SAVE_EVERY)
+    wall = time.perf_counter()
+    pr = simulate_particles(model, x0, t_end - t0, dt, save_at=save, method="rk4", weights=w)
+    wall = time.perf_counter() - wall
+    times = (t0 + pr.times).tolist()
+    part = np.array([alignments(x, pr.weights, s) for x in pr.positions])
+    # the PDE's own alignments at its saved times (the run's concentration diagnostics: the same sums over
+    # cell centres and masses as :func:`alignments`)
+    conc = res.metadata["concentration"]
+    pde = np.stack([np.asarray(conc[k], float) for k in ("alignment_E", "alignment_F", "alignment_F_abs")], axis=1)
+    if not np.allclose(pde[i], alignments(g.centers, res.density[i] * g.areas, s), rtol=0, atol=1e-12):
+        raise RuntimeError(f"{name}: the stored alignments at t0 are not the state's")
+    t_exit = exit_time(res.times, pde[:, 0])
+    t_exit = None if np.isnan(t_exit) else float(t_exit)
+    # the continuation's series: the PDE's up to t0, the particles' after it (readings need the lead of E)
+    upto = res.times <= t0 + 1e-9
+    tt = np.concatenate([res.times[upto], np.asarray(times[1:])])
+    cE = np.concatenate([pde[upto, 0], part[1:, 0]])
+    cF = np.concatenate([pde[upto, 1], part[1:, 1]])
+    within = res.times <= t_end + 1e-9
+    return {"run": name, "t0": float(res.times[i]), "t_end": float(t_end), "split": split, "dt": dt,
+            "particles": int(len(w)), "cells": int(g.n_cells), "min_mass": float(w.min()), "wall_s": wall,
+            "t_exit": t_exit,
+            "particles_readings": readings(tt, cE, cF, t_exit),
+            "pde_readings": readings(res.times[within], pde[within, 0], pde[within, 1], t_exit),
+            "times": times, "align_E": part[:, 0].tolist(), "align_F": part[:, 1].tolist(),
+            "align_Fabs": part[:, 2].tolist(),
+            "pde_times": res.times.tolist(), "pde_align_E": pde[:, 0].tolist(), "pde_align_F": pde[:, 1].tolist(),
+            "pde_align_Fabs": pde[:, 2].tolist()}
+
+
+def figure(rows: list[dict], path: Path) -> None:
+    """lagrangian.png: per PDE level, align E and align F of the level (solid) and of its continuations as
+    particles (dashed: 1 point a cell, dotted: more), from t0 on."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = sorted({r["run"] for r in rows})
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 4.2), squeeze=False, sharey=True)
+    for ax, run in zip(axes[0], runs):
+        mine = sorted((r for r in rows if r["run"] == run), key=lambda r: (r["t0"], r["split"], -r["dt"]))
+        r0 = mine[0]
+        t = np.asarray(r0["pde_times"])
+        sel = (t >= min(r["t0"] for r in mine) - 2.0) & (t <= max(r["t_end"] for r in mine))
+        ax.plot(t[sel], np.asarray(r0["pde_align_E"])[sel], "C3-", lw=1.6, label="PDE: align E")
+        ax.plot(t[sel], np.asarray(r0["pde_align_F"])[sel], "C1-", lw=1.6, label="PDE: align F")
+        for r in mine:
+            ls = "--" if r["split"] == 0 else ":"
+            tag = f"particles from t0 = {r['t0']:g} ({r['particles']}, dt {r['dt']:g})"
+            ax.plot(r["times"], r["align_E"], "C3" + ls, lw=1.1)
+            ax.plot(r["times"], r["align_F"], "C1" + ls, lw=1.1, label=tag)
+        ax.set_title(run.replace("fig4_adaptive_", "").replace("_att_log-quadratic", ", log-quadratic"), fontsize=9)
+        ax.set_xlabel("t")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="center left")
+    axes[0][0].set_ylabel("alignment")
+    fig.suptitle("beta 30, eps 0.05: PDE levels against their states continued as weighted particles",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def series(r: dict):
+    """A continuation's alignment series (times, E, F): the PDE level's up to t0, the particles' after it."""
+    tp = np.asarray(r["pde_times"])
+    up = tp <= r["t0"] + 1e-9
+    return (np.concatenate([tp[up], r["times"][1:]]), np.concatenate([np.asarray(r["pde_align_E"])[up], r["align_E"][1:]]),
+            np.concatenate([np.asarray(r["pde_align_F"])[up], r["align_F"][1:]]))
+
+
+def continuation_exit(r: dict) -> float | None:
+    """The continuation's own t_exit (None where the exit lies before t0: it is then the PDE's)."""
+    from spherepde.diagnostics import exit_time
+
+    t, E, _ = series(r)
+    te = exit_time(t, E)
+    return None if np.isnan(te) or te <= r["t0"] else float(te)
+
+
+def report(rows: list[dict]) -> str:
+    """lagrangian.md: one line per continuation."""
+    def f(x, fmt="{:.3f}"):
+        return "" if x is None else fmt.format(x)
+
+    lines = ["# The PDE levels continued as weighted particles (lagrangian.py)", "",
+             "beta 30, eps 0.05, paper matrices; RK4, field bound 1e-10; particles: each cell of positive mass as "
+             "4^split points (its NESTED descendants' centres). Readings: t_exit (align E below 0.9), t_depart (align F "
+             "past 0.2 after the exit), t_EF (F overtakes E); particles / PDE level. Exits before t0 are the PDE's.", "",
+             "| PDE level | t0 | split | dt | particles | t_exit | t_depart | t_EF | wall s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p, q = r["particles_readings"], r["pde_readings"]
+        lvl = r["run"].replace("fig4_adaptive_b30_", "nside_max ").replace("_min32", ", nside_min 32").replace(
+            "_att_log-quadratic", ", attended, log-quadratic")
+        if ", nside_min" not in lvl:
+            lvl = lvl.replace(", attended", ", nside_min 16, attended")
+        lines.append(f"| {lvl} | {r['t0']:g} | {r['split']} | {r['dt']:g} | {r['particles']} | "
+                     f"{f(continuation_exit(r)) or '(' + f(r['t_exit']) + ')'} / {f(r['t_exit'])} | "
+                     f"{f(p['t_depart'])} / {f(q['t_depart'])} | {f(p['t_EF'])} / {f(q['t_EF'])} | {r['wall_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(rows: list[dict]) -> None:
+    (HERE / "lagrangian.md").write_text(report(rows))
+    figure(rows, HERE / "lagrangian.png")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", help="a sweep directory under sweep_runs/")
+    ap.add_argument("--figure", action="store_true", help="only rewrite lagrangian.md and lagrangian.png from lagrangian.json")
+    ap.add_argument("--t0", type=float)
+    ap.add_argument("--t-end", type=float, default=20.0)
+    ap.add_argument("--split", type=int, nargs="+", default=[0])
+    ap.add_argument("--dt", type=float, nargs="+", default=[0.02])
+    a = ap.parse_args(argv)
+    if a.figure:
+        write_outputs(json.loads(OUT.read_text()))
+        return
+    if a.run is None or a.t0 is None:
+        ap.error("--run and --t0 are required (or --figure)")
+    for split in a.split:
+        for dt in a.dt:
+            r = continue_run(a.run, a.t0, a.t_end, split, dt)
+            rows = json.loads(OUT.read_text()) if OUT.exists() else []  # read now: runs may go in parallel calls
+            key = (r["run"], r["t0"], r["split"], r["dt"])
+            rows = [x for x in rows if (x["run"], x["t0"], x["split"], x["dt"]) != key] + [r]
+            OUT.write_text(json.dumps(sorted(rows, key=lambda x: (x["run"], x["t0"], x["split"], -x["dt"])), indent=1))
+            print({k: r[k] for k in ("run", "t0", "split", "dt", "particles", "wall_s", "t_exit",
+                                     "particles_readings", "pde_readings")}, flush=True)
+    write_outputs(json.loads(OUT.read_text()))
+
+
+if __name__ == "__main__":
+    main()
