@@ -15,7 +15,8 @@ equation's evolution of its state at t0; where they differ, the scheme's error a
 
 Usage: python validation/fig4_concentration/lagrangian.py --run NAME --t0 10 --t-end 20 [--split 0 1] [--dt 0.02]
 NAME is a sweep directory under sweep_runs/ (an adaptive level's). Writes lagrangian.json beside this file
-(one row per run, keyed by NAME, t0, split and dt) and lagrangian.png; lagrangian.md; ``--figure`` redraws those two from the JSON only.
+(one row per run, keyed by NAME, t0, split and dt), lagrangian.md and lagrangian.png; ``--figure`` rewrites
+the last two from the JSON only.
 """
 from __future__ import annotations
 
@@ -117,7 +118,9 @@ def continue_run(name: str, t0: float, t_end: float, split: int, dt: float, beta
         raise RuntimeError(f"{name}: the stored alignments at t0 are not the state's")
     t_exit = exit_time(res.times, pde[:, 0])
     t_exit = None if np.isnan(t_exit) else float(t_exit)
-    # the continuation's series: the PDE's up to t0, the particles' after it (readings need the lead of E)
+    # the continuation's series: the PDE's up to t0, the particles' after it (readings need the lead of E);
+    # t_depart is searched after the level's exit (where t0 precedes it the continuation's own exit differs by
+    # ~0.1, where align F is ~2e-5, far below the departure's 0.2: continuation_exit reports it)
     upto = res.times <= t0 + 1e-9
     tt = np.concatenate([res.times[upto], np.asarray(times[1:])])
     cE = np.concatenate([pde[upto, 0], part[1:, 0]])
