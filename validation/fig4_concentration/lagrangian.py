@@ -84,6 +84,14 @@ def readings(times, E, F, t_exit) -> dict:
     return {"t_EF": None if np.isnan(t_ef) else float(t_ef), **A.terminal(rec)}
 
 
+def series(r: dict):
+    """A continuation's alignment series (times, E, F): the PDE level's up to t0, the particles' after it."""
+    tp = np.asarray(r["pde_times"])
+    up = tp <= r["t0"] + 1e-9
+    return (np.concatenate([tp[up], r["times"][1:]]), np.concatenate([np.asarray(r["pde_align_E"])[up], r["align_E"][1:]]),
+            np.concatenate([np.asarray(r["pde_align_F"])[up], r["align_F"][1:]]))
+
+
 def continue_run(name: str, t0: float, t_end: float, split: int, dt: float, beta: float = 30.0) -> dict:
     import spherepde as sp
     from spherepde.config import MATRIX_PRESETS
@@ -118,23 +126,21 @@ def continue_run(name: str, t0: float, t_end: float, split: int, dt: float, beta
         raise RuntimeError(f"{name}: the stored alignments at t0 are not the state's")
     t_exit = exit_time(res.times, pde[:, 0])
     t_exit = None if np.isnan(t_exit) else float(t_exit)
-    # the continuation's series: the PDE's up to t0, the particles' after it (readings need the lead of E);
-    # t_depart is searched after the level's exit (where t0 precedes it the continuation's own exit differs by
-    # ~0.1, where align F is ~2e-5, far below the departure's 0.2: continuation_exit reports it)
-    upto = res.times <= t0 + 1e-9
-    tt = np.concatenate([res.times[upto], np.asarray(times[1:])])
-    cE = np.concatenate([pde[upto, 0], part[1:, 0]])
-    cF = np.concatenate([pde[upto, 1], part[1:, 1]])
     within = res.times <= t_end + 1e-9
-    return {"run": name, "t0": float(res.times[i]), "t_end": float(t_end), "split": split, "dt": dt,
-            "particles": int(len(w)), "cells": int(g.n_cells), "min_mass": float(w.min()), "wall_s": wall,
-            "t_exit": t_exit,
-            "particles_readings": readings(tt, cE, cF, t_exit),
-            "pde_readings": readings(res.times[within], pde[within, 0], pde[within, 1], t_exit),
-            "times": times, "align_E": part[:, 0].tolist(), "align_F": part[:, 1].tolist(),
-            "align_Fabs": part[:, 2].tolist(),
-            "pde_times": res.times.tolist(), "pde_align_E": pde[:, 0].tolist(), "pde_align_F": pde[:, 1].tolist(),
-            "pde_align_Fabs": pde[:, 2].tolist()}
+    row = {"run": name, "t0": float(res.times[i]), "t_end": float(t_end), "split": split, "dt": dt,
+           "particles": int(len(w)), "cells": int(g.n_cells), "min_mass": float(w.min()), "wall_s": wall,
+           "t_exit": t_exit,
+           "pde_readings": readings(res.times[within], pde[within, 0], pde[within, 1], t_exit),
+           "times": times, "align_E": part[:, 0].tolist(), "align_F": part[:, 1].tolist(),
+           "align_Fabs": part[:, 2].tolist(),
+           "pde_times": res.times.tolist(), "pde_align_E": pde[:, 0].tolist(), "pde_align_F": pde[:, 1].tolist(),
+           "pde_align_Fabs": pde[:, 2].tolist()}
+    # read on :func:`series` (the PDE's up to t0: readings need the lead of E); t_depart is searched after the
+    # level's exit (where t0 precedes it the continuation's own exit differs by ~0.1, where align F is ~2e-5,
+    # far below the departure's 0.2: continuation_exit reports it)
+    t, E, F = series(row)
+    row["particles_readings"] = readings(t, E, F, t_exit)
+    return row
 
 
 def figure(rows: list[dict], path: Path) -> None:
@@ -169,14 +175,6 @@ def figure(rows: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def series(r: dict):
-    """A continuation's alignment series (times, E, F): the PDE level's up to t0, the particles' after it."""
-    tp = np.asarray(r["pde_times"])
-    up = tp <= r["t0"] + 1e-9
-    return (np.concatenate([tp[up], r["times"][1:]]), np.concatenate([np.asarray(r["pde_align_E"])[up], r["align_E"][1:]]),
-            np.concatenate([np.asarray(r["pde_align_F"])[up], r["align_F"][1:]]))
 
 
 def continuation_exit(r: dict) -> float | None:
