@@ -15,14 +15,17 @@ equation's evolution of its state at t0; where they differ, the scheme's error a
 
 Usage: python validation/fig4_concentration/lagrangian.py --run NAME --t0 10 --t-end 20 [--split 0 1] [--dt 0.02]
 NAME is a sweep directory under sweep_runs/ (an adaptive level's). Writes lagrangian.json beside this file
-(one row per run, keyed by NAME, t0, split and dt), lagrangian.md and lagrangian.png; ``--figure`` rewrites
-the last two from the JSON only.
+(one row per run, keyed by NAME, t0, split and dt), lagrangian.md, lagrangian.png and lagrangian_t0.png (the
+departure against t0); ``--figure`` rewrites the last three from the JSON only. ``--restart-max-dt 0.001 inf`` restarts the PDE level itself from t0 instead (the
+step-size check of its evolution after t0; lagrangian_restarts.json).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -105,8 +108,8 @@ def continue_run(name: str, t0: float, t_end: float, split: int, dt: float, beta
     i = int(np.argmin(np.abs(res.times - t0)))
     if abs(res.times[i] - t0) > 1e-9:
         raise ValueError(f"t0 = {t0} is not a saved time of {name} (saved every {SAVE_EVERY})")
-    if t_end > res.times[-1] + 1e-9:
-        raise ValueError(f"t_end = {t_end} is past the run's last saved time {res.times[-1]}")
+    if t_end <= t0:
+        raise ValueError(f"t_end = {t_end} must be after t0 = {t0}")
     g = res.grid_at(i)
     x0, w = particles_of(g, res.density[i], split)
     P = MATRIX_PRESETS["paper"]
@@ -143,6 +146,49 @@ def continue_run(name: str, t0: float, t_end: float, split: int, dt: float, beta
     return row
 
 
+RESTARTS = HERE / "lagrangian_restarts.json"
+
+
+def restart_pde(name: str, t0: float, t_end: float, max_dt: float) -> dict:
+    """The level itself restarted from its saved state at t0 (its grid with its refinement, its options:
+    log-quadratic, cfl 0.8, field_interval 10, rtol 1e-3; the model is autonomous, so the run starts at 0 and is
+    read shifted by t0), with the step bounded by ``max_dt`` (inf: the level's own steps): the step-size check of
+    the PDE's evolution after t0, beside the exact continuation of the same state. Readings on the level's
+    series up to t0 and the restart's after it, as :func:`series` does for the particles."""
+    import spherepde as sp
+    from spherepde.config import MATRIX_PRESETS
+    from spherepde.spectral import spectral_data
+
+    res = member(name)
+    i = int(np.argmin(np.abs(res.times - t0)))
+    if abs(res.times[i] - t0) > 1e-9:
+        raise ValueError(f"t0 = {t0} is not a saved time of {name} (saved every {SAVE_EVERY})")
+    P = MATRIX_PRESETS["paper"]
+    model = sp.Attention(P["B"], P["V"], 30.0, tol=TOL)
+    s = spectral_data(P["B"], P["V"])
+    opts = dataclasses.replace(res.options, max_dt=max_dt)  # the level's own options (log-quadratic, cfl 0.8, ...)
+    wall = time.perf_counter()
+    out = sp.solve(res.grid_at(i), model, res.density[i].copy(), t_end - t0,
+                   save_at=np.arange(0.0, t_end - t0 + 1e-9, SAVE_EVERY), options=opts)
+    wall = time.perf_counter() - wall
+    al = np.array([alignments(out.grid_at(k).centers, out.density[k] * out.grid_at(k).areas, s)
+                   for k in range(len(out.times))])
+    times = (t0 + out.times).tolist()
+    conc = res.metadata["concentration"]
+    pde_t = np.asarray(res.times)
+    up = pde_t <= t0 + 1e-9
+    t = np.concatenate([pde_t[up], times[1:]])
+    E = np.concatenate([np.asarray(conc["alignment_E"], float)[up], al[1:, 0]])
+    F = np.concatenate([np.asarray(conc["alignment_F"], float)[up], al[1:, 1]])
+    from spherepde.diagnostics import exit_time
+
+    te = exit_time(pde_t, np.asarray(conc["alignment_E"], float))
+    return {"run": name, "t0": float(res.times[i]), "t_end": float(t_end), "max_dt": None if np.isinf(max_dt) else max_dt,
+            "steps": int(out.n_steps), "wall_s": wall, "options": str(opts),
+            "readings": readings(t, E, F, None if np.isnan(te) else float(te)),
+            "times": times, "align_E": al[:, 0].tolist(), "align_F": al[:, 1].tolist()}
+
+
 def figure(rows: list[dict], path: Path) -> None:
     """lagrangian.png: per PDE level, align E and align F of the level (solid) and of its continuations as
     particles (dashed: 1 point a cell, dotted: more), from t0 on."""
@@ -152,8 +198,13 @@ def figure(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = sorted({r["run"] for r in rows})
-    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 4.2), squeeze=False, sharey=True)
-    for ax, run in zip(axes[0], runs):
+    runs.sort(key=level_key)
+    ncol = min(len(runs), 3 if len(runs) > 4 else 4)
+    nrow = -(-len(runs) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, 4.2 * nrow), squeeze=False, sharey=True)
+    for ax in axes.ravel()[len(runs):]:
+        ax.set_visible(False)
+    for ax, run in zip(axes.ravel(), runs):
         mine = sorted((r for r in rows if r["run"] == run), key=lambda r: (r["t0"], r["split"], -r["dt"]))
         r0 = mine[0]
         t = np.asarray(r0["pde_times"])
@@ -165,13 +216,51 @@ def figure(rows: list[dict], path: Path) -> None:
             tag = f"particles from t0 = {r['t0']:g} ({r['particles']}, dt {r['dt']:g})"
             ax.plot(r["times"], r["align_E"], "C3" + ls, lw=1.1)
             ax.plot(r["times"], r["align_F"], "C1" + ls, lw=1.1, label=tag)
-        ax.set_title(run.replace("fig4_adaptive_", "").replace("_att_log-quadratic", ", log-quadratic"), fontsize=9)
+        ax.set_title(level_name(run).replace(", attended, log-quadratic", ""), fontsize=9)
         ax.set_xlabel("t")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="center left")
-    axes[0][0].set_ylabel("alignment")
+    for row in axes:
+        row[0].set_ylabel("alignment")
     fig.suptitle("beta 30, eps 0.05: PDE levels against their states continued as weighted particles",
                  fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def departure_figure(rows: list[dict], path: Path) -> None:
+    """lagrangian_t0.png: t_depart of each level's state continued exactly against t0 (1 point a cell: line
+    and dots; 4 points a cell: open circles), the level's own departure as a dashed line of its colour."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = [r for r in rows if r["dt"] == 0.02]
+    runs = sorted({r["run"] for r in base}, key=level_key)
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    for c, run in enumerate(runs):
+        k = level_key(run)
+        one = sorted((r["t0"], r["particles_readings"]["t_depart"]) for r in base
+                     if r["run"] == run and r["split"] == 0 and r["t0"] >= 6 and r["particles_readings"]["t_depart"])
+        if not one:
+            continue
+        col = f"C{c}"
+        ax.plot(*zip(*one), "o-", color=col, ms=4, lw=1.2, label=f"nside_max {k[0]}, nside_min {k[1]}")
+        four = [(r["t0"], r["particles_readings"]["t_depart"]) for r in base
+                if r["run"] == run and r["split"] == 1 and r["t0"] >= 6 and r["particles_readings"]["t_depart"]]
+        if four:
+            ax.plot(*zip(*four), "o", mfc="none", color=col, ms=8)
+        own = next(r["pde_readings"]["t_depart"] for r in base if r["run"] == run)
+        if own is not None:
+            ax.axhline(own, color=col, ls="--", lw=0.9)
+    ax.set_xlabel("t0 (the level's state continued exactly as weighted particles from t0)")
+    ax.set_ylabel("t_depart (align F past 0.2)")
+    ax.set_title("beta 30, eps 0.05: the departure of each level's state at t0\n(dashed: the level's own; open "
+                 "circles: 4 points a cell)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -184,6 +273,26 @@ def continuation_exit(r: dict) -> float | None:
     t, E, _ = series(r)
     te = exit_time(t, E)
     return None if np.isnan(te) or te <= r["t0"] else float(te)
+
+
+_LEVEL = re.compile(r"fig4_adaptive_b30_(\d+)(?:_min(\d+))?_att(?:_T([\d.]+))?_log-quadratic")
+
+
+def level_key(run: str) -> tuple:
+    """(nside_max, nside_min, T) of a level's sweep name, for ordering (unknown names last)."""
+    m = _LEVEL.fullmatch(run)
+    return (1 << 30, 0, 0.0) if m is None else (int(m[1]), int(m[2] or A.NSIDE_MIN), float(m[3] or A.T_END))
+
+
+def level_name(run: str) -> str:
+    """How the report names a level: 'fig4_adaptive_b30_512_min32_att_T10_log-quadratic' -> 'nside_max 512,
+    nside_min 32, attended, log-quadratic, T = 10' (a level run to a shorter T than the study's for its state at
+    t0 only: its own readings after T are blank)."""
+    m = _LEVEL.fullmatch(run)
+    if m is None:
+        return run
+    return (f"nside_max {m[1]}, nside_min {m[2] or A.NSIDE_MIN}, attended, log-quadratic"
+            + (f", T = {m[3]}" if m[3] else ""))
 
 
 def report(rows: list[dict]) -> str:
@@ -199,19 +308,66 @@ def report(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p, q = r["particles_readings"], r["pde_readings"]
-        lvl = r["run"].replace("fig4_adaptive_b30_", "nside_max ").replace("_min32", ", nside_min 32").replace(
-            "_att_log-quadratic", ", attended, log-quadratic")
-        if ", nside_min" not in lvl:
-            lvl = lvl.replace(", attended", ", nside_min 16, attended")
+        lvl = level_name(r["run"])
         lines.append(f"| {lvl} | {r['t0']:g} | {r['split']} | {r['dt']:g} | {r['particles']} | "
                      f"{f(continuation_exit(r)) or '(' + f(r['t_exit']) + ')'} / {f(r['t_exit'])} | "
                      f"{f(p['t_depart'])} / {f(q['t_depart'])} | {f(p['t_EF'])} / {f(q['t_EF'])} | {r['wall_s']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
+def departure_matrix(rows: list[dict]) -> str:
+    """The continued departures as a matrix: one row per t0, one column per level (1 point a cell, dt 0.02),
+    with the level's own departure last; in parentheses the same state placed with 4 (16) points a cell, where
+    run (the placement's check)."""
+    base = [r for r in rows if r["split"] == 0 and r["dt"] == 0.02]
+    runs = sorted({r["run"] for r in base}, key=level_key)
+    t0s = sorted({r["t0"] for r in base})
+
+    def cell(run, t0):
+        [r] = [r for r in base if (r["run"], r["t0"]) == (run, t0)] or [None]
+        if r is None or r["particles_readings"]["t_depart"] is None:
+            return ""
+        v = r["particles_readings"]["t_depart"]
+        more = sorted((x["split"], x["particles_readings"]["t_depart"]) for x in rows
+                      if (x["run"], x["t0"], x["dt"]) == (run, t0, 0.02) and x["split"] > 0)
+        return f"{v:.3f}" + "".join(f" ({4 ** k}: {'-' if m is None else format(m, '.3f')})" for k, m in more)
+
+    def short(run):
+        k = level_key(run)
+        return f"{k[1]} / {k[0]}" + ("" if k[2] == A.T_END else f" (T {k[2]:g})")
+
+    own = {run: next(r["pde_readings"]["t_depart"] for r in base if r["run"] == run) for run in runs}
+    lines = ["## The departure of each level's state at t0, continued exactly", "",
+             "t_depart of the continuation (1 point a cell, dt 0.02) by t0 (rows) and level (nside_min / nside_max); "
+             "in parentheses, with 4 (16) points a cell. Last row: the level's own departure (blank where the level "
+             "ends before it).", "",
+             "| t0 | " + " | ".join(short(r) for r in runs) + " |", "|---|" + "---|" * len(runs)]
+    for t0 in t0s:
+        lines.append(f"| {t0:g} | " + " | ".join(cell(r, t0) for r in runs) + " |")
+    lines.append("| PDE level | " + " | ".join("" if own[r] is None else f"{own[r]:.3f}" for r in runs) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def restarts_table(rows: list[dict]) -> str:
+    """The PDE levels restarted from their state at t0 with a bounded step (``--restart-max-dt``)."""
+    if not rows:
+        return ""
+    lines = ["## The levels restarted from t0 with smaller steps (`--restart-max-dt`)", "",
+             "The level's own grid, refinement and options from its saved state at t0; max_dt blank: its own steps.", "",
+             "| PDE level | t0 | max_dt | steps | t_depart | t_EF | wall s |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        q = r["readings"]
+        lines.append(f"| {level_name(r['run'])} | {r['t0']:g} | {'' if r['max_dt'] is None else format(r['max_dt'], 'g')} | "
+                     f"{r['steps']} | {'' if q['t_depart'] is None else format(q['t_depart'], '.4f')} | "
+                     f"{'' if q['t_EF'] is None else format(q['t_EF'], '.3f')} | {r['wall_s']:.0f} |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
 def write_outputs(rows: list[dict]) -> None:
-    (HERE / "lagrangian.md").write_text(report(rows))
+    restarts = json.loads(RESTARTS.read_text()) if RESTARTS.exists() else []
+    (HERE / "lagrangian.md").write_text(report(rows) + "\n" + departure_matrix(rows) + restarts_table(restarts))
     figure(rows, HERE / "lagrangian.png")
+    departure_figure(rows, HERE / "lagrangian_t0.png")
 
 
 def main(argv=None):
@@ -222,12 +378,25 @@ def main(argv=None):
     ap.add_argument("--t-end", type=float, default=20.0)
     ap.add_argument("--split", type=int, nargs="+", default=[0])
     ap.add_argument("--dt", type=float, nargs="+", default=[0.02])
+    ap.add_argument("--restart-max-dt", type=float, nargs="+", default=None, metavar="MAX_DT",
+                    help="instead of particles, restart the PDE level itself from t0 with these step bounds "
+                         "(inf: its own steps); rows in lagrangian_restarts.json")
     a = ap.parse_args(argv)
     if a.figure:
         write_outputs(json.loads(OUT.read_text()))
         return
     if a.run is None or a.t0 is None:
         ap.error("--run and --t0 are required (or --figure)")
+    if a.restart_max_dt:
+        for mdt in a.restart_max_dt:
+            r = restart_pde(a.run, a.t0, a.t_end, mdt)
+            rows = json.loads(RESTARTS.read_text()) if RESTARTS.exists() else []
+            key = (r["run"], r["t0"], r["max_dt"])
+            rows = [x for x in rows if (x["run"], x["t0"], x["max_dt"]) != key] + [r]
+            RESTARTS.write_text(json.dumps(sorted(rows, key=lambda x: (x["run"], x["t0"], x["max_dt"] or 1e9)), indent=1))
+            print({k: r[k] for k in ("run", "t0", "max_dt", "steps", "wall_s", "readings")}, flush=True)
+        write_outputs(json.loads(OUT.read_text()))
+        return
     for split in a.split:
         for dt in a.dt:
             r = continue_run(a.run, a.t0, a.t_end, split, dt)

@@ -25,10 +25,10 @@ sys.path.insert(0, str(HERE.parents[1]))
 from validation.fig4_concentration import adaptive as A  # noqa: E402
 
 
-def run_level(nside_min: int, nside_max: int, beta: float = 30.0) -> dict:
+def run_level(nside_min: int, nside_max: int, beta: float = 30.0, t_end: float | None = None) -> dict:
     from spherepde import sweep
 
-    sp_ = A.spec(beta, nside_max, nside_min, attended=True, scheme="log-quadratic")
+    sp_ = A.spec(beta, nside_max, nside_min, attended=True, t_end=t_end, scheme="log-quadratic")
     name = sp_.name
     ds = sweep(sp_, A.RUNS / name, workers=1, quiet=True, progress=False)
     err = [str(e) for e in ds.error.values.ravel() if e]
@@ -40,20 +40,24 @@ def run_level(nside_min: int, nside_max: int, beta: float = 30.0) -> dict:
     return {"nside_min": nside_min, "nside_max": nside_max, "beta": beta, "t_exit": rec["t_exit"],
             "t_EF": float(ds["t_EF"]), **A.terminal(rec), "steps": int(ds["n_steps"]),
             "wall_s": float(ds["wall_time"]), "mass_drift": float(ds["mass_drift"]),
-            "min_f": float(ds["min_density_steps"])}
+            "min_f": float(ds["min_density_steps"]), "t_end": A.T_END if t_end is None else float(t_end)}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nside-min", type=int, nargs="+", default=[16, 32])
     ap.add_argument("--nside-max", type=int, default=128)
+    ap.add_argument("--t-end", type=float, default=None,
+                    help="end time (default the study's T = 30); a shorter run is kept as a record of its own, "
+                         "for its state at t0 <= T that lagrangian.py continues")
     a = ap.parse_args(argv)
     out = HERE / "log_tails.json"
     for n in a.nside_min:
-        r = run_level(n, a.nside_max)
+        r = run_level(n, a.nside_max, t_end=a.t_end)
         rows = json.loads(out.read_text()) if out.exists() else []  # read now: levels may run in parallel calls
-        rows = [x for x in rows if (x["nside_min"], x["nside_max"]) != (n, a.nside_max)] + [r]
-        out.write_text(json.dumps(sorted(rows, key=lambda x: (x["nside_max"], x["nside_min"])), indent=1))
+        key = lambda x: (x["nside_max"], x["nside_min"], x.get("t_end", A.T_END))  # noqa: E731
+        rows = [x for x in rows if key(x) != key(r)] + [r]
+        out.write_text(json.dumps(sorted(rows, key=key), indent=1))
         print(r, flush=True)
 
 
