@@ -17,7 +17,8 @@ Usage: python validation/fig4_concentration/lagrangian.py --run NAME --t0 10 --t
 NAME is a sweep directory under sweep_runs/ (an adaptive level's). Writes lagrangian.json beside this file
 (one row per run, keyed by NAME, t0, split and dt), lagrangian.md, lagrangian.png and lagrangian_t0.png (the
 departure against t0); ``--figure`` rewrites the last three from the JSON only. ``--restart-max-dt 0.001 inf`` restarts the PDE level itself from t0 instead (the
-step-size check of its evolution after t0; lagrangian_restarts.json).
+step-size check of its evolution after t0; lagrangian_restarts.json); ``--drop-below 1e-12 1e-6`` continues the
+state without the cells below that fraction of the mass (lagrangian_clusters.json).
 """
 from __future__ import annotations
 
@@ -95,7 +96,11 @@ def series(r: dict):
             np.concatenate([np.asarray(r["pde_align_F"])[up], r["align_F"][1:]]))
 
 
-def continue_run(name: str, t0: float, t_end: float, split: int, dt: float, beta: float = 30.0) -> dict:
+def continue_run(name: str, t0: float, t_end: float, split: int, dt: float, beta: float = 30.0,
+                 drop_below: float = 0.0) -> dict:
+    """The level's state at t0 continued as particles (``split``: 4^split points a cell); ``drop_below`` > 0
+    leaves out the cells holding less than that fraction of the mass (which part of the state sets what
+    follows: the tails or the clusters)."""
     import spherepde as sp
     from spherepde.config import MATRIX_PRESETS
     from spherepde.diagnostics import exit_time
@@ -112,6 +117,11 @@ def continue_run(name: str, t0: float, t_end: float, split: int, dt: float, beta
         raise ValueError(f"t_end = {t_end} must be after t0 = {t0}")
     g = res.grid_at(i)
     x0, w = particles_of(g, res.density[i], split)
+    dropped = 0.0
+    if drop_below > 0:
+        keep = w >= drop_below * 4.0 ** -split * w.sum()
+        dropped = float(w[~keep].sum() / w.sum())
+        x0, w = x0[keep], w[keep]
     P = MATRIX_PRESETS["paper"]
     model = sp.Attention(P["B"], P["V"], beta, tol=TOL)
     s = spectral_data(P["B"], P["V"])
@@ -132,6 +142,7 @@ def continue_run(name: str, t0: float, t_end: float, split: int, dt: float, beta
     within = res.times <= t_end + 1e-9
     row = {"run": name, "t0": float(res.times[i]), "t_end": float(t_end), "split": split, "dt": dt,
            "particles": int(len(w)), "cells": int(g.n_cells), "min_mass": float(w.min()), "wall_s": wall,
+           "drop_below": drop_below, "mass_dropped": dropped,
            "t_exit": t_exit,
            "pde_readings": readings(res.times[within], pde[within, 0], pde[within, 1], t_exit),
            "times": times, "align_E": part[:, 0].tolist(), "align_F": part[:, 1].tolist(),
@@ -147,6 +158,7 @@ def continue_run(name: str, t0: float, t_end: float, split: int, dt: float, beta
 
 
 RESTARTS = HERE / "lagrangian_restarts.json"
+CLUSTERS = HERE / "lagrangian_clusters.json"
 
 
 def restart_pde(name: str, t0: float, t_end: float, max_dt: float) -> dict:
@@ -363,9 +375,25 @@ def restarts_table(rows: list[dict]) -> str:
     return "\n" + "\n".join(lines) + "\n"
 
 
+def clusters_table(rows: list[dict]) -> str:
+    """The continuations without the cells below a mass fraction (``--drop-below``)."""
+    if not rows:
+        return ""
+    lines = ["## Continued without the light cells (`--drop-below`)", "",
+             "The state at t0 without the cells holding less than the fraction of the mass; beside it the full "
+             "state's continuation (fraction 0, lagrangian.json).", "",
+             "| PDE level | t0 | fraction | mass left out | particles | t_depart |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {level_name(r['run'])} | {r['t0']:g} | {r['drop_below']:g} | {r['mass_dropped']:.2e} | "
+                     f"{r['particles']} | {r['particles_readings']['t_depart']:.4f} |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
 def write_outputs(rows: list[dict]) -> None:
     restarts = json.loads(RESTARTS.read_text()) if RESTARTS.exists() else []
-    (HERE / "lagrangian.md").write_text(report(rows) + "\n" + departure_matrix(rows) + restarts_table(restarts))
+    clusters = json.loads(CLUSTERS.read_text()) if CLUSTERS.exists() else []
+    (HERE / "lagrangian.md").write_text(report(rows) + "\n" + departure_matrix(rows) + restarts_table(restarts)
+                                        + clusters_table(clusters))
     figure(rows, HERE / "lagrangian.png")
     departure_figure(rows, HERE / "lagrangian_t0.png")
 
@@ -378,6 +406,9 @@ def main(argv=None):
     ap.add_argument("--t-end", type=float, default=20.0)
     ap.add_argument("--split", type=int, nargs="+", default=[0])
     ap.add_argument("--dt", type=float, nargs="+", default=[0.02])
+    ap.add_argument("--drop-below", type=float, nargs="+", default=None, metavar="FRACTION",
+                    help="continue without the cells holding less than FRACTION of the mass; rows in "
+                         "lagrangian_clusters.json")
     ap.add_argument("--restart-max-dt", type=float, nargs="+", default=None, metavar="MAX_DT",
                     help="instead of particles, restart the PDE level itself from t0 with these step bounds "
                          "(inf: its own steps); rows in lagrangian_restarts.json")
@@ -387,6 +418,17 @@ def main(argv=None):
         return
     if a.run is None or a.t0 is None:
         ap.error("--run and --t0 are required (or --figure)")
+    if a.drop_below:
+        for cut in a.drop_below:
+            r = continue_run(a.run, a.t0, a.t_end, a.split[0], a.dt[0], drop_below=cut)
+            rows = json.loads(CLUSTERS.read_text()) if CLUSTERS.exists() else []
+            key = (r["run"], r["t0"], r["split"], r["dt"], r["drop_below"])
+            rows = [x for x in rows if (x["run"], x["t0"], x["split"], x["dt"], x["drop_below"]) != key] + [r]
+            CLUSTERS.write_text(json.dumps(sorted(rows, key=lambda x: (x["run"], x["t0"], x["drop_below"])), indent=1))
+            print({k: r[k] for k in ("run", "t0", "drop_below", "mass_dropped", "particles", "wall_s",
+                                     "particles_readings")}, flush=True)
+        write_outputs(json.loads(OUT.read_text()))
+        return
     if a.restart_max_dt:
         for mdt in a.restart_max_dt:
             r = restart_pde(a.run, a.t0, a.t_end, mdt)
