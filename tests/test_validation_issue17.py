@@ -1102,7 +1102,8 @@ def test_fig4_departure_of_each_t0_state_continued_exactly_on_disk():
     1e-4 with its own steps and to 1e-3 with max_dt 1e-3 (2.5 times the steps), while the exact continuation of
     the same state departs more than 3 % later; (5) it is in the clusters' cells: from t0 = 9 on, the states
     without their light cells (lagrangian_clusters.json) depart as the full ones; (6) the levels' own departures
-    converge in nside_max, to a value below the exact continuations."""
+    converge in nside_max, to a value below the exact continuations, and their t_EF converges in nside_max on
+    each nside_min but not across it."""
     here = C.VALID / "fig4_concentration"
     rows = json.loads((here / "lagrangian.json").read_text())
     run = {256: "fig4_adaptive_b30_256_att_log-quadratic", 512: "fig4_adaptive_b30_512_att_T10_log-quadratic"}
@@ -1145,5 +1146,13 @@ def test_fig4_departure_of_each_t0_state_continued_exactly_on_disk():
     # its own steps: within the issue's 2 %), below every exact continuation from t0 = 7 ... 9 by more than 2.5 %
     [own512] = [r["readings"]["t_depart"] for r in restarts if (r["run"], r["t0"], r["max_dt"]) == (run[512], 10.0, None)]
     assert abs(own512 / level - 1) <= 0.02
+    # ... and so does t_EF on each nside_min (<= 2 %), > 10 % apart across nside_min at 512
+    t_ef = {r["run"]: r["readings"]["t_EF"] for r in restarts if (r["t0"], r["max_dt"]) == (10.0, None)}
+    lt = {(r["nside_min"], r["nside_max"]): r for r in json.loads((here / "log_tails.json").read_text())
+          if r.get("t_end", 30.0) == 30.0}
+    m512 = {16: t_ef[run[512]], 32: t_ef["fig4_adaptive_b30_512_min32_att_T10_log-quadratic"]}
+    for nmin in (16, 32):
+        assert abs(m512[nmin] / lt[(nmin, 256)]["t_EF"] - 1) <= 0.02, nmin
+    assert m512[16] > m512[32] * 1.10
     for n in (256, 512):
         assert min(dep(n, t0) for t0 in early) > max(own512, level) * 1.025

@@ -16,9 +16,10 @@ equation's evolution of its state at t0; where they differ, the scheme's error a
 Usage: python validation/fig4_concentration/lagrangian.py --run NAME --t0 10 --t-end 20 [--split 0 1] [--dt 0.02]
 NAME is a sweep directory under sweep_runs/ (an adaptive level's). Writes lagrangian.json beside this file
 (one row per run, keyed by NAME, t0, split and dt), lagrangian.md, lagrangian.png and lagrangian_t0.png (the
-departure against t0); ``--figure`` rewrites the last three from the JSON only. ``--restart-max-dt 0.001 inf`` restarts the PDE level itself from t0 instead (the
-step-size check of its evolution after t0; lagrangian_restarts.json); ``--drop-below 1e-12 1e-6`` continues the
-state without the cells below that fraction of the mass (lagrangian_clusters.json).
+departure against t0); ``--figure`` rewrites the last three from the JSON only. ``--restart-max-dt 0.001 inf``
+restarts the PDE level itself from t0 instead (the step-size check of its evolution after t0;
+lagrangian_restarts.json); ``--drop-below 1e-12 1e-6`` continues the state without the cells below that
+fraction of the mass (lagrangian_clusters.json).
 """
 from __future__ import annotations
 
@@ -169,6 +170,7 @@ def restart_pde(name: str, t0: float, t_end: float, max_dt: float) -> dict:
     series up to t0 and the restart's after it, as :func:`series` does for the particles."""
     import spherepde as sp
     from spherepde.config import MATRIX_PRESETS
+    from spherepde.diagnostics import exit_time
     from spherepde.spectral import spectral_data
 
     res = member(name)
@@ -192,11 +194,9 @@ def restart_pde(name: str, t0: float, t_end: float, max_dt: float) -> dict:
     t = np.concatenate([pde_t[up], times[1:]])
     E = np.concatenate([np.asarray(conc["alignment_E"], float)[up], al[1:, 0]])
     F = np.concatenate([np.asarray(conc["alignment_F"], float)[up], al[1:, 1]])
-    from spherepde.diagnostics import exit_time
-
     te = exit_time(pde_t, np.asarray(conc["alignment_E"], float))
-    return {"run": name, "t0": float(res.times[i]), "t_end": float(t_end), "max_dt": None if np.isinf(max_dt) else max_dt,
-            "steps": int(out.n_steps), "wall_s": wall, "options": str(opts),
+    return {"run": name, "t0": float(res.times[i]), "t_end": float(t_end),
+            "max_dt": None if np.isinf(max_dt) else max_dt, "steps": int(out.n_steps), "wall_s": wall, "options": str(opts),
             "readings": readings(t, E, F, None if np.isnan(te) else float(te)),
             "times": times, "align_E": al[:, 0].tolist(), "align_F": al[:, 1].tolist()}
 
@@ -209,8 +209,7 @@ def figure(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = sorted({r["run"] for r in rows})
-    runs.sort(key=level_key)
+    runs = sorted({r["run"] for r in rows}, key=level_key)
     ncol = min(len(runs), 3 if len(runs) > 4 else 4)
     nrow = -(-len(runs) // ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, 4.2 * nrow), squeeze=False, sharey=True)
@@ -241,9 +240,10 @@ def figure(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def departure_figure(rows: list[dict], path: Path) -> None:
+def departure_figure(rows: list[dict], restarts: list[dict], path: Path) -> None:
     """lagrangian_t0.png: t_depart of each level's state continued exactly against t0 (1 point a cell: line
-    and dots; 4 points a cell: open circles), the level's own departure as a dashed line of its colour."""
+    and dots; 4 points a cell: open circles), the level's own departure as a dashed line of its colour (of a
+    level run to T = 10 only, its restart's from t = 10 with its own steps, ``restarts``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -265,6 +265,9 @@ def departure_figure(rows: list[dict], path: Path) -> None:
         if four:
             ax.plot(*zip(*four), "o", mfc="none", color=col, ms=8)
         own = next(r["pde_readings"]["t_depart"] for r in base if r["run"] == run)
+        if own is None:  # a level run to T = 10: its own departure from its restart at t0 = 10 (own steps)
+            own = next((r["readings"]["t_depart"] for r in restarts
+                        if (r["run"], r["t0"], r["max_dt"]) == (run, 10.0, None)), None)
         if own is not None:
             ax.axhline(own, color=col, ls="--", lw=0.9)
     ax.set_xlabel("t0 (the level's state continued exactly as weighted particles from t0)")
@@ -395,7 +398,7 @@ def write_outputs(rows: list[dict]) -> None:
     (HERE / "lagrangian.md").write_text(report(rows) + "\n" + departure_matrix(rows) + restarts_table(restarts)
                                         + clusters_table(clusters))
     figure(rows, HERE / "lagrangian.png")
-    departure_figure(rows, HERE / "lagrangian_t0.png")
+    departure_figure(rows, restarts, HERE / "lagrangian_t0.png")
 
 
 def main(argv=None):
