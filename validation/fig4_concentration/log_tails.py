@@ -9,7 +9,7 @@ relative one. This runs the same two levels (``adaptive.spec`` with the attended
 and prints t_exit, t_EF and the terminal phase's better-conditioned readings (``adaptive.terminal``: the
 departure from the stall cone, the drift after it) beside the linear records of ``adaptive.json``.
 
-Usage: python validation/fig4_concentration/log_tails.py [--nside-min 16 32] [--nside-max 128]
+Usage: python validation/fig4_concentration/log_tails.py [--nside-min 16 32] [--nside-max 128] [--t-end 10]
 Sweeps in sweep_runs/<the level's name>_log-quadratic (not committed); writes log_tails.json beside this file.
 """
 from __future__ import annotations
