@@ -97,16 +97,10 @@ def series(r: dict):
             np.concatenate([np.asarray(r["pde_align_F"])[up], r["align_F"][1:]]))
 
 
-def continue_run(name: str, t0: float, t_end: float, split: int, dt: float, beta: float = 30.0,
-                 drop_below: float = 0.0) -> dict:
-    """The level's state at t0 continued as particles (``split``: 4^split points a cell); ``drop_below`` > 0
-    leaves out the cells holding less than that fraction of the mass (which part of the state sets what
-    follows: the tails or the clusters)."""
-    import spherepde as sp
-    from spherepde.config import MATRIX_PRESETS
+def level_state(name: str, t0: float):
+    """(result, i, pde, t_exit) of level ``name`` at its saved time t0: the loaded result, the index of t0 among
+    its saved times, its stored alignments (E, F, F_abs) at every saved time and its t_exit (None if none)."""
     from spherepde.diagnostics import exit_time
-    from spherepde.particles import simulate_particles
-    from spherepde.spectral import spectral_data
 
     res = member(name)
     if list(res.times[:2]) != [0.0, SAVE_EVERY]:
@@ -114,6 +108,30 @@ def continue_run(name: str, t0: float, t_end: float, split: int, dt: float, beta
     i = int(np.argmin(np.abs(res.times - t0)))
     if abs(res.times[i] - t0) > 1e-9:
         raise ValueError(f"t0 = {t0} is not a saved time of {name} (saved every {SAVE_EVERY})")
+    conc = res.metadata["concentration"]
+    pde = np.stack([np.asarray(conc[k], float) for k in ("alignment_E", "alignment_F", "alignment_F_abs")], axis=1)
+    t_exit = exit_time(res.times, pde[:, 0])
+    return res, i, pde, None if np.isnan(t_exit) else float(t_exit)
+
+
+def paper_model(beta: float):
+    """The study's attention model (paper matrices, field bound TOL) and the spectral data of its alignments."""
+    import spherepde as sp
+    from spherepde.config import MATRIX_PRESETS
+    from spherepde.spectral import spectral_data
+
+    P = MATRIX_PRESETS["paper"]
+    return sp.Attention(P["B"], P["V"], beta, tol=TOL), spectral_data(P["B"], P["V"])
+
+
+def continue_run(name: str, t0: float, t_end: float, split: int, dt: float, beta: float = 30.0,
+                 drop_below: float = 0.0) -> dict:
+    """The level's state at t0 continued as particles (``split``: 4^split points a cell); ``drop_below`` > 0
+    leaves out the cells holding less than that fraction of the mass (which part of the state sets what
+    follows: the tails or the clusters)."""
+    from spherepde.particles import simulate_particles
+
+    res, i, pde, t_exit = level_state(name, t0)
     if t_end <= t0:
         raise ValueError(f"t_end = {t_end} must be after t0 = {t0}")
     g = res.grid_at(i)
@@ -123,9 +141,7 @@ def continue_run(name: str, t0: float, t_end: float, split: int, dt: float, beta
         keep = w >= drop_below * 4.0 ** -split * w.sum()
         dropped = float(w[~keep].sum() / w.sum())
         x0, w = x0[keep], w[keep]
-    P = MATRIX_PRESETS["paper"]
-    model = sp.Attention(P["B"], P["V"], beta, tol=TOL)
-    s = spectral_data(P["B"], P["V"])
+    model, s = paper_model(beta)
     save = np.arange(0.0, t_end - t0 + 1e-9, SAVE_EVERY)
     wall = time.perf_counter()
     pr = simulate_particles(model, x0, t_end - t0, dt, save_at=save, method="rk4", weights=w)
@@ -134,12 +150,8 @@ def continue_run(name: str, t0: float, t_end: float, split: int, dt: float, beta
     part = np.array([alignments(x, pr.weights, s) for x in pr.positions])
     # the PDE's own alignments at its saved times (the run's concentration diagnostics: the same sums over
     # cell centres and masses as :func:`alignments`)
-    conc = res.metadata["concentration"]
-    pde = np.stack([np.asarray(conc[k], float) for k in ("alignment_E", "alignment_F", "alignment_F_abs")], axis=1)
     if not np.allclose(pde[i], alignments(g.centers, res.density[i] * g.areas, s), rtol=0, atol=1e-12):
         raise RuntimeError(f"{name}: the stored alignments at t0 are not the state's")
-    t_exit = exit_time(res.times, pde[:, 0])
-    t_exit = None if np.isnan(t_exit) else float(t_exit)
     within = res.times <= t_end + 1e-9
     row = {"run": name, "t0": float(res.times[i]), "t_end": float(t_end), "split": split, "dt": dt,
            "particles": int(len(w)), "cells": int(g.n_cells), "min_mass": float(w.min()), "wall_s": wall,
@@ -169,17 +181,9 @@ def restart_pde(name: str, t0: float, t_end: float, max_dt: float) -> dict:
     the PDE's evolution after t0, beside the exact continuation of the same state. Readings on the level's
     series up to t0 and the restart's after it, as :func:`series` does for the particles."""
     import spherepde as sp
-    from spherepde.config import MATRIX_PRESETS
-    from spherepde.diagnostics import exit_time
-    from spherepde.spectral import spectral_data
 
-    res = member(name)
-    i = int(np.argmin(np.abs(res.times - t0)))
-    if abs(res.times[i] - t0) > 1e-9:
-        raise ValueError(f"t0 = {t0} is not a saved time of {name} (saved every {SAVE_EVERY})")
-    P = MATRIX_PRESETS["paper"]
-    model = sp.Attention(P["B"], P["V"], 30.0, tol=TOL)
-    s = spectral_data(P["B"], P["V"])
+    res, i, pde, t_exit = level_state(name, t0)
+    model, s = paper_model(30.0)
     opts = dataclasses.replace(res.options, max_dt=max_dt)  # the level's own options (log-quadratic, cfl 0.8, ...)
     wall = time.perf_counter()
     out = sp.solve(res.grid_at(i), model, res.density[i].copy(), t_end - t0,
@@ -187,18 +191,13 @@ def restart_pde(name: str, t0: float, t_end: float, max_dt: float) -> dict:
     wall = time.perf_counter() - wall
     al = np.array([alignments(out.grid_at(k).centers, out.density[k] * out.grid_at(k).areas, s)
                    for k in range(len(out.times))])
-    times = (t0 + out.times).tolist()
-    conc = res.metadata["concentration"]
-    pde_t = np.asarray(res.times)
-    up = pde_t <= t0 + 1e-9
-    t = np.concatenate([pde_t[up], times[1:]])
-    E = np.concatenate([np.asarray(conc["alignment_E"], float)[up], al[1:, 0]])
-    F = np.concatenate([np.asarray(conc["alignment_F"], float)[up], al[1:, 1]])
-    te = exit_time(pde_t, np.asarray(conc["alignment_E"], float))
-    return {"run": name, "t0": float(res.times[i]), "t_end": float(t_end),
-            "max_dt": None if np.isinf(max_dt) else max_dt, "steps": int(out.n_steps), "wall_s": wall, "options": str(opts),
-            "readings": readings(t, E, F, None if np.isnan(te) else float(te)),
-            "times": times, "align_E": al[:, 0].tolist(), "align_F": al[:, 1].tolist()}
+    row = {"run": name, "t0": float(res.times[i]), "t_end": float(t_end),
+           "max_dt": None if np.isinf(max_dt) else max_dt, "steps": int(out.n_steps), "wall_s": wall,
+           "options": str(opts), "times": (t0 + out.times).tolist(), "align_E": al[:, 0].tolist(),
+           "align_F": al[:, 1].tolist()}
+    t, E, F = series({**row, "pde_times": res.times, "pde_align_E": pde[:, 0], "pde_align_F": pde[:, 1]})
+    row["readings"] = readings(t, E, F, t_exit)
+    return row
 
 
 def figure(rows: list[dict], path: Path) -> None:
@@ -240,6 +239,16 @@ def figure(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def own_departure(rows: list[dict], restarts: list[dict], run: str) -> float | None:
+    """The level's own t_depart: from its run, or, for a level run to T = 10 only, from its restart at t0 = 10
+    with its own steps (``restarts``; the 256 level's restart reproduces its own departure to 1e-4)."""
+    own = next(r["pde_readings"]["t_depart"] for r in rows if r["run"] == run)
+    if own is None:
+        own = next((r["readings"]["t_depart"] for r in restarts
+                    if (r["run"], r["t0"], r["max_dt"]) == (run, 10.0, None)), None)
+    return own
+
+
 def departure_figure(rows: list[dict], restarts: list[dict], path: Path) -> None:
     """lagrangian_t0.png: t_depart of each level's state continued exactly against t0 (1 point a cell: line
     and dots; 4 points a cell: open circles), the level's own departure as a dashed line of its colour (of a
@@ -264,10 +273,7 @@ def departure_figure(rows: list[dict], restarts: list[dict], path: Path) -> None
                 if r["run"] == run and r["split"] == 1 and r["t0"] >= 6 and r["particles_readings"]["t_depart"]]
         if four:
             ax.plot(*zip(*four), "o", mfc="none", color=col, ms=8)
-        own = next(r["pde_readings"]["t_depart"] for r in base if r["run"] == run)
-        if own is None:  # a level run to T = 10: its own departure from its restart at t0 = 10 (own steps)
-            own = next((r["readings"]["t_depart"] for r in restarts
-                        if (r["run"], r["t0"], r["max_dt"]) == (run, 10.0, None)), None)
+        own = own_departure(rows, restarts, run)
         if own is not None:
             ax.axhline(own, color=col, ls="--", lw=0.9)
     ax.set_xlabel("t0 (the level's state continued exactly as weighted particles from t0)")
@@ -330,10 +336,10 @@ def report(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def departure_matrix(rows: list[dict]) -> str:
+def departure_matrix(rows: list[dict], restarts: list[dict]) -> str:
     """The continued departures as a matrix: one row per t0, one column per level (1 point a cell, dt 0.02),
-    with the level's own departure last; in parentheses the same state placed with 4 (16) points a cell, where
-    run (the placement's check)."""
+    with the level's own departure last (:func:`own_departure`); in parentheses the same state placed with 4
+    (16) points a cell, where run (the placement's check)."""
     base = [r for r in rows if r["split"] == 0 and r["dt"] == 0.02]
     runs = sorted({r["run"] for r in base}, key=level_key)
     t0s = sorted({r["t0"] for r in base})
@@ -351,11 +357,11 @@ def departure_matrix(rows: list[dict]) -> str:
         k = level_key(run)
         return f"{k[1]} / {k[0]}" + ("" if k[2] == A.T_END else f" (T {k[2]:g})")
 
-    own = {run: next(r["pde_readings"]["t_depart"] for r in base if r["run"] == run) for run in runs}
+    own = {run: own_departure(rows, restarts, run) for run in runs}
     lines = ["## The departure of each level's state at t0, continued exactly", "",
              "t_depart of the continuation (1 point a cell, dt 0.02) by t0 (rows) and level (nside_min / nside_max); "
-             "in parentheses, with 4 (16) points a cell. Last row: the level's own departure (blank where the level "
-             "ends before it).", "",
+             "in parentheses, with 4 (16) points a cell. Last row: the level's own departure (of a level run to T = 10, "
+             "its restart's from t = 10 with its own steps).", "",
              "| t0 | " + " | ".join(short(r) for r in runs) + " |", "|---|" + "---|" * len(runs)]
     for t0 in t0s:
         lines.append(f"| {t0:g} | " + " | ".join(cell(r, t0) for r in runs) + " |")
@@ -395,10 +401,18 @@ def clusters_table(rows: list[dict]) -> str:
 def write_outputs(rows: list[dict]) -> None:
     restarts = json.loads(RESTARTS.read_text()) if RESTARTS.exists() else []
     clusters = json.loads(CLUSTERS.read_text()) if CLUSTERS.exists() else []
-    (HERE / "lagrangian.md").write_text(report(rows) + "\n" + departure_matrix(rows) + restarts_table(restarts)
+    (HERE / "lagrangian.md").write_text(report(rows) + "\n" + departure_matrix(rows, restarts) + restarts_table(restarts)
                                         + clusters_table(clusters))
     figure(rows, HERE / "lagrangian.png")
     departure_figure(rows, restarts, HERE / "lagrangian_t0.png")
+
+
+def upsert(path: Path, row: dict, key) -> None:
+    """Replace the row of ``path`` (a JSON list) with the same ``key`` as ``row`` by ``row`` (or add it), sorted by
+    ``key``; read just before writing, since runs may go in parallel calls."""
+    rows = json.loads(path.read_text()) if path.exists() else []
+    rows = [x for x in rows if key(x) != key(row)] + [row]
+    path.write_text(json.dumps(sorted(rows, key=key), indent=1))
 
 
 def main(argv=None):
@@ -424,10 +438,7 @@ def main(argv=None):
     if a.drop_below:
         for cut in a.drop_below:
             r = continue_run(a.run, a.t0, a.t_end, a.split[0], a.dt[0], drop_below=cut)
-            rows = json.loads(CLUSTERS.read_text()) if CLUSTERS.exists() else []
-            key = (r["run"], r["t0"], r["split"], r["dt"], r["drop_below"])
-            rows = [x for x in rows if (x["run"], x["t0"], x["split"], x["dt"], x["drop_below"]) != key] + [r]
-            CLUSTERS.write_text(json.dumps(sorted(rows, key=lambda x: (x["run"], x["t0"], x["drop_below"])), indent=1))
+            upsert(CLUSTERS, r, lambda x: (x["run"], x["t0"], x["drop_below"], x["split"], x["dt"]))
             print({k: r[k] for k in ("run", "t0", "drop_below", "mass_dropped", "particles", "wall_s",
                                      "particles_readings")}, flush=True)
         write_outputs(json.loads(OUT.read_text()))
@@ -435,20 +446,14 @@ def main(argv=None):
     if a.restart_max_dt:
         for mdt in a.restart_max_dt:
             r = restart_pde(a.run, a.t0, a.t_end, mdt)
-            rows = json.loads(RESTARTS.read_text()) if RESTARTS.exists() else []
-            key = (r["run"], r["t0"], r["max_dt"])
-            rows = [x for x in rows if (x["run"], x["t0"], x["max_dt"]) != key] + [r]
-            RESTARTS.write_text(json.dumps(sorted(rows, key=lambda x: (x["run"], x["t0"], x["max_dt"] or 1e9)), indent=1))
+            upsert(RESTARTS, r, lambda x: (x["run"], x["t0"], x["max_dt"] or 1e9))
             print({k: r[k] for k in ("run", "t0", "max_dt", "steps", "wall_s", "readings")}, flush=True)
         write_outputs(json.loads(OUT.read_text()))
         return
     for split in a.split:
         for dt in a.dt:
             r = continue_run(a.run, a.t0, a.t_end, split, dt)
-            rows = json.loads(OUT.read_text()) if OUT.exists() else []  # read now: runs may go in parallel calls
-            key = (r["run"], r["t0"], r["split"], r["dt"])
-            rows = [x for x in rows if (x["run"], x["t0"], x["split"], x["dt"]) != key] + [r]
-            OUT.write_text(json.dumps(sorted(rows, key=lambda x: (x["run"], x["t0"], x["split"], -x["dt"])), indent=1))
+            upsert(OUT, r, lambda x: (x["run"], x["t0"], x["split"], -x["dt"]))
             print({k: r[k] for k in ("run", "t0", "split", "dt", "particles", "wall_s", "t_exit",
                                      "particles_readings", "pde_readings")}, flush=True)
     write_outputs(json.loads(OUT.read_text()))
