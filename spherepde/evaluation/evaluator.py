@@ -16,6 +16,8 @@ refused, the largest certified error bound) instead of writing hidden state.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -153,7 +155,7 @@ class AttentionEvaluator:
         ``tree``, the dual tree instead where its planned cost is lower (:meth:`_tree_or`)."""
         if self.model.normalization == "usa":
             return "usa_direct"
-        name = "pruned" if _m.pruned_fraction(self.model.tol, p.kappa, p.N) < 0.5 else "direct"
+        name = "pruned" if _m.pruned_fraction(self.model.tol, p) < 0.5 else "direct"
         return self._tree_or(p, name) if tree else name
 
     def _tree_or(self, p: Targets, name: str) -> str:
@@ -167,9 +169,11 @@ class AttentionEvaluator:
         t_name = REGISTRY[name].cost(self, p)
         if p.N * p.M < _m.TREE_MIN_WORK or t_name < max(_m.TREE_MIN_SECONDS, 3 * _m.TREE_SETUP * (p.N + p.M)):
             return name
-        # a margin of 2: the pruned method's model over-estimates it up to 3x on spread-out points (uniform
-        # tokens, n = 1e5, beta 100: 11.3 s modelled, 3.8 s measured), where the tree's would be 1.4x low
-        if REGISTRY["tree"].cost(self, p) < 0.5 * t_name:
+        # no margin: the tree's model is within 1.0-1.3x of its measured CPU time on tokens, spread out or in
+        # clusters, and the pruned method's within 1.0-1.4x on spread-out ones, but up to 2x low on clustered
+        # ones (its block bounds; n = 1e5, beta 100-200, tol 1e-12, measured 2026-12-06). Before the pruned
+        # model's recalibration (PRUNED_RATE, pruned_fraction) it over-estimated 3-5x and this margin was 2.
+        if REGISTRY["tree"].cost(self, p) < t_name:
             return "tree"
         self.cache.pop("tree", None)  # the plan is not kept beyond this choice
         return name
@@ -211,7 +215,20 @@ class AttentionEvaluator:
                 return self._spectral_entry(p), False
             return self._tree_or(p, "direct" if best == t_direct else "pruned"), False
         if self._exact(p, tree=False) == "pruned":
-            return self._tree_or(p, "pruned"), False
+            exact = self._tree_or(p, "pruned")
+            # The in-house series where its model is below the guaranteed sums' (beta ~30-200 on spread-out
+            # densities: uniform tokens, n = 1e5, beta 100, tol 1e-12: 0.60 s against the pruned sums' 1.29 s;
+            # HEALPix nside 128, a smooth f: 1.42 s against 4.74 s), weighed, as below, by the fraction of
+            # the targets it passed the last time (its refusals take the guaranteed sums).
+            t_series = REGISTRY["series"].cost(self, p)
+            if math.isfinite(t_series):
+                passed = self.memory.get("series_pass", 1.0)
+                if t_series < passed * REGISTRY[exact].cost(self, p):
+                    self.cache.pop("tree", None)  # the plan is not kept beyond this choice
+                    return self._spectral_entry(p), True
+                if passed < 1.0:
+                    self.memory["series_pass"] = min(1.0, passed + 0.05)  # drift back: try it again later
+            return exact, False
         L = _m.spectral_degree(tol, float(p.kappa.max()))[0] if self.model.dim == 3 else _m.SPECTRAL_AUTO_LMAX + 1
         if L <= _m.SPECTRAL_AUTO_LMAX:
             # The series pays off unless its bound fails at most targets, which the direct sums then redo:
@@ -252,7 +269,7 @@ class AttentionEvaluator:
             # CPU seconds: the series' cost model (inf beyond its largest degree); the guaranteed sums by
             # the same estimates as "auto"
             t_series = REGISTRY["series"].cost(self, sub)
-            frac = _m.pruned_fraction(self.model.tol, sub.kappa, N)
+            frac = _m.pruned_fraction(self.model.tol, sub)
             t_exact = nb_ * N * (frac / _m.PRUNED_RATE if frac < 0.5 else 1.0 / _m.DIRECT_RATE)
             if exact == "tree":
                 t_exact = min(t_exact, REGISTRY["tree"].cost(self, sub))

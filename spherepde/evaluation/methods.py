@@ -53,9 +53,13 @@ SUPER = 16
 #: Measured throughput of the direct kernel (kernel evaluations per CPU second, AVX2; 0.64-0.84e9 in
 #: validation/bench_attention.py since its base-2 two-stage loop), for the cost model of ``method="auto"``.
 DIRECT_RATE = 0.7e9
-#: Sources summed per CPU second inside the pruned method (its exact block sums), measured at nside 64
-#: and 128, beta 100 and 1e3.
-PRUNED_RATE = 0.4e9
+#: Sources summed per CPU second inside the pruned method (its exact block sums). Measured 2026-12-06
+#: (2 threads, paper matrices, tol 1e-12; uniform tokens n = 1e5 and HEALPix nside 64 / 128 densities):
+#: 8.3-8.9e8 at beta 30, 7.3-8.2e8 at 100, 5.9-7.0e8 at 300, 4.9-5.6e8 at 1000 (0.4e9 before the kernel's
+#: base-2 exponentials).
+PRUNED_RATE = 0.6e9
+#: Targets at which :func:`pruned_fraction` counts the sources the pruned sums keep.
+PRUNED_SAMPLES = 16
 #: CPU seconds per source (or target) and squared degree of the in-house series (its coefficients; the
 #: per-target sums cost ~3.7x this), measured at nside 64, L 45..81.
 SERIES_COST = 4.6e-10
@@ -134,10 +138,28 @@ def register(cls):
 
 
 # ------------------------------------------------------------------------------------ helpers
-def pruned_fraction(tol: float, kappa, N: int) -> float:
-    """Estimated fraction of the N sources the pruned method sums for these targets:
-    (log(nb / eps) + 3) / kappa at the median kappa (research note)."""
-    return (math.log(max(N / BLOCK, 1.0) / tol) + 3.0) / max(float(np.median(kappa)), 1e-300)
+def pruned_fraction(tol: float, p: Targets) -> float:
+    """Estimated fraction of the sources the pruned method sums for the targets of ``p``: at
+    PRUNED_SAMPLES targets spread through ``p``, the sources whose term log w_j + kappa <u, y_j> lies
+    within log(nb / eps) + 3 of the largest (those the block bound cannot skip: the research note's
+    cap, but about where the weight is), averaged; kept on ``p`` per tol. On spread-out densities on S^2
+    this is the cap's share (1 - cos) / 2 of the sphere; on clustered sources it is larger (tokens in
+    three clusters of kappa 300 at beta 200: 2.2x the spread-out share, where the uniform-density
+    formula had the pruned sums at half their cost and "auto" took them for the dual tree, 2.3x slower).
+    Measured against the sources the method summed (tol 1e-12, 2026-12-06): see PRUNED_RATE."""
+    memo = p.__dict__.setdefault("_pruned_fraction", {})
+    if tol in memo:
+        return memo[tol]
+    gap = math.log(max(p.N / BLOCK, 1.0) / tol) + 3.0
+    with np.errstate(divide="ignore"):
+        lw = np.log(p.w)
+    idx = np.unique(np.linspace(0, p.M - 1, min(p.M, PRUNED_SAMPLES)).astype(np.int64))
+    n = 0
+    for i in idx:
+        s = lw + p.kappa[i] * (p.y @ p.U[i])
+        n += int(np.count_nonzero(s >= s.max() - gap))
+    memo[tol] = frac = n / (len(idx) * p.N)
+    return frac
 
 
 def spectral_degree(tol: float, kappa_max: float) -> tuple[int, int]:
@@ -355,7 +377,7 @@ class Pruned(Method):
     guaranteed = True
 
     def cost(self, ev, p):
-        frac = min(1.0, 1.2 * pruned_fraction(ev.model.tol, p.kappa, p.N))
+        frac = min(1.0, 1.2 * pruned_fraction(ev.model.tol, p))
         return p.N * p.M * frac / PRUNED_RATE + p.M * (p.N / (BLOCK * SUPER)) * 2e-9
 
     def run(self, ev, p, out, info):
