@@ -246,3 +246,32 @@ def test_each_step_records_the_certified_bound_of_its_field():
     s3 = sp.Solver(g, sp.Attention(P, V, 20.0, method="pruned"), f0)
     s3.set_state(old)
     assert len(s3.diag["field_bound"]) == len(s3.diag["dt"]) and np.all(np.isnan(s3.diag["field_bound"]))
+
+
+def test_auto_does_not_replan_the_fast_transforms_for_every_evaluation(monkeypatch):
+    """At tol 1e-10 "auto" asks the fast transforms' plan for its cost, capped by the cheapest other
+    method's model. That cap follows the density (the pruned sums' share of the sources is counted on it),
+    and the plan (~10 ms at nside 16, more than the pruned sums there) was made anew for every new cap: the
+    default experiment's solver took 4x longer (27.5 s of evaluations against 3.0 s, measured 2026-12-06).
+    A plan found dearer than a cap is dearer than every smaller cap; for the same targets under a larger
+    cap the whole plan is made once and kept. Over ten evaluations on a density that changes (the caps
+    rise at each), the plan is made twice, and every field stays within tol of the direct sums."""
+    from spherepde.evaluation import methods as M
+
+    calls = []
+    inner = M._fh.plan
+    monkeypatch.setattr(M._fh, "plan", lambda *a, **k: calls.append(a[-1]) or inner(*a, **k))
+    y = _pix(16)
+    ev = sp.Attention(P, V, 100.0, tol=1e-10).evaluator()
+    exact = sp.Attention(P, V, 100.0, method="direct")
+    rng = np.random.default_rng(3)
+    first = None
+    for k in range(10):
+        f = _clusters(y, kappa=30.0 + 3.0 * k, floor=1e-3) * (1.0 + 0.01 * rng.random(len(y)))
+        w = f / f.sum()
+        m, info = ev.mean_field(y, y, w)
+        first = first or info.method
+        assert np.abs(m - exact.mean_field(y, y, w)).max() <= 1e-10
+    assert first != "fast_spectral", "a case where another method is modelled cheaper, as intended"
+    # one capped plan, then (a larger cap for the same cells) the whole one, kept: 10 before the change
+    assert len(calls) == 2 and calls[-1] == np.inf, calls
