@@ -124,11 +124,14 @@ class Attention(Model):
       radii, a whole cluster of tokens meets another through one expansion: O((N + M) P) where the
       pruned sums are O(N M). Refuses every target where tol leaves no budget after the rounding.
     - ``"auto"``: direct for N M <= 4e6. Where the fast spectral path is allowed (tol >= ~6e-11):
-      the cheapest of direct, pruned and spectral by a CPU-time model. Otherwise pruned when kappa is
-      large enough to prune (median kappa > 2 (log(N / 64 / tol) + 3)); else spectral when d = 3 and
-      L <= 64; else direct. Where the guaranteed sums (direct or pruned, chosen or taking refused
-      targets) would cost more than 0.05 s and 3x the tree's set-up, the tree's traversal is planned
-      (counted, not run) and the tree is taken where its modelled cost is below half theirs.
+      the cheapest of direct, pruned and spectral by a CPU-time model. Otherwise, where the pruned sums
+      would skip at least half the sources (their share counted at 16 sample targets, with the weights:
+      the sources within log(N / 64 / tol) + 3 of the largest term), the cheaper by the CPU-time models
+      of them (or the tree, below) and the in-house series (d = 3, its cost weighted by the share of the
+      targets its bound passed the last time); else spectral when d = 3 and L <= 64; else direct. Where
+      the guaranteed sums (direct or pruned, chosen or taking refused targets) would cost more than
+      0.05 s and 3x the tree's set-up, the tree's traversal is planned (counted, not run) and the tree is
+      taken where its modelled cost is below theirs.
     """
 
     B: np.ndarray
