@@ -55,8 +55,8 @@ SUPER = 16
 DIRECT_RATE = 0.7e9
 #: Sources summed per CPU second inside the pruned method (its exact block sums). Measured 2026-12-06
 #: (2 threads, paper matrices, tol 1e-12; uniform tokens n = 1e5 and HEALPix nside 64 / 128 densities):
-#: 8.3-8.9e8 at beta 30, 7.3-8.2e8 at 100, 5.9-7.0e8 at 300, 4.9-5.6e8 at 1000 (0.4e9 before the kernel's
-#: base-2 exponentials).
+#: 8.3-8.9e8 at beta 30, 7.3-8.2e8 at 100, 5.9-7.0e8 at 300, 4.9-5.6e8 at 1000 (it was 0.4e9, measured
+#: on an earlier kernel).
 PRUNED_RATE = 0.6e9
 #: Targets at which :func:`pruned_fraction` counts the sources the pruned sums keep.
 PRUNED_SAMPLES = 16
