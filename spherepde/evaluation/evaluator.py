@@ -221,13 +221,9 @@ class AttentionEvaluator:
             # HEALPix nside 128, a smooth f: 1.42 s against 4.74 s), weighed, as below, by the fraction of
             # the targets it passed the last time (its refusals take the guaranteed sums).
             t_series = REGISTRY["series"].cost(self, p)
-            if math.isfinite(t_series):
-                passed = self.memory.get("series_pass", 1.0)
-                if t_series < passed * REGISTRY[exact].cost(self, p):
-                    self.cache.pop("tree", None)  # the plan is not kept beyond this choice
-                    return self._spectral_entry(p), True
-                if passed < 1.0:
-                    self.memory["series_pass"] = min(1.0, passed + 0.05)  # drift back: try it again later
+            if math.isfinite(t_series) and self._series_pays(t_series, REGISTRY[exact].cost(self, p)):
+                self.cache.pop("tree", None)  # the plan is not kept beyond this choice
+                return self._spectral_entry(p), True
             return exact, False
         L = _m.spectral_degree(tol, float(p.kappa.max()))[0] if self.model.dim == 3 else _m.SPECTRAL_AUTO_LMAX + 1
         if L <= _m.SPECTRAL_AUTO_LMAX:
@@ -236,12 +232,9 @@ class AttentionEvaluator:
             # measured) it costs the direct sums and the series. The fraction it passed the last time
             # (remembered, and part of get_state) weighs the choice; with no history, or all passed, it is
             # the series.
-            passed = self.memory.get("series_pass", 1.0)
-            if passed < 1.0:
-                t_series = REGISTRY["series"].cost(self, p)
-                if t_series >= passed * (N * M / _m.DIRECT_RATE):  # series + its fallback cost more than direct
-                    self.memory["series_pass"] = min(1.0, passed + 0.05)  # drift back: try it again later
-                    return "direct", False
+            if self.memory.get("series_pass", 1.0) < 1.0 \
+                    and not self._series_pays(REGISTRY["series"].cost(self, p), N * M / _m.DIRECT_RATE):
+                return "direct", False
             return self._spectral_entry(p), True
         return self._tree_or(p, "direct"), False
 
@@ -273,12 +266,23 @@ class AttentionEvaluator:
             t_exact = nb_ * N * (frac / _m.PRUNED_RATE if frac < 0.5 else 1.0 / _m.DIRECT_RATE)
             if exact == "tree":
                 t_exact = min(t_exact, REGISTRY["tree"].cost(self, sub))
-            passed = self.memory.get("series_pass", 1.0)
-            if t_series < passed * t_exact:
+            if self._series_pays(t_series, t_exact):
                 self.cache.pop("tree", None)  # the plan is not kept beyond this choice
                 return "series", True
-            self.memory["series_pass"] = min(1.0, passed + 0.05)
         return exact, False
+
+    def _series_pays(self, t_series: float, t_exact: float) -> bool:
+        """Whether the series (modelled CPU seconds ``t_series``) beats the guaranteed sums (``t_exact``) once
+        the targets it refuses, which they then take, are counted: t_series < passed t_exact, ``passed`` the
+        share of the targets it passed the last time (remembered, part of get_state; 1 with no history). When
+        it does not, the remembered share drifts back by 0.05 towards 1, so that a density that smooths out
+        again gets the series."""
+        passed = self.memory.get("series_pass", 1.0)
+        if t_series < passed * t_exact:
+            return True
+        if passed < 1.0:
+            self.memory["series_pass"] = min(1.0, passed + 0.05)
+        return False
 
     def _first(self, p: Targets, requested: str) -> tuple[str, bool]:
         if requested == "auto":
