@@ -518,6 +518,22 @@ def merge_rows(new: list[dict], out: Path | None = None) -> list[dict]:
         return [rows[k] for k in sorted(rows)]
 
 
+def upsert(path: Path, row: dict, key) -> None:
+    """Replace the row of ``path`` (a JSON list of records) with the same ``key`` as ``row`` by ``row`` (or add
+    it), sorted by ``key``: the record files of ``log_tails.py`` and ``lagrangian.py``, whose runs go in
+    parallel calls. Read, merge and write under the lock of :func:`merge_rows`, the write atomic."""
+    import fcntl
+
+    path = Path(path)
+    with open(path.with_suffix(".json.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        rows = json.loads(path.read_text()) if path.exists() else []
+        rows = [x for x in rows if key(x) != key(row)] + [row]
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(sorted(rows, key=key), indent=1))
+        tmp.replace(path)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--beta", type=float, nargs="+", default=BETAS)

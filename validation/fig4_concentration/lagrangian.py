@@ -407,13 +407,6 @@ def write_outputs(rows: list[dict]) -> None:
     departure_figure(rows, restarts, HERE / "lagrangian_t0.png")
 
 
-def upsert(path: Path, row: dict, key) -> None:
-    """Replace the row of ``path`` (a JSON list) with the same ``key`` as ``row`` by ``row`` (or add it), sorted by
-    ``key``; read just before writing, since runs may go in parallel calls."""
-    rows = json.loads(path.read_text()) if path.exists() else []
-    rows = [x for x in rows if key(x) != key(row)] + [row]
-    path.write_text(json.dumps(sorted(rows, key=key), indent=1))
-
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -438,7 +431,7 @@ def main(argv=None):
     if a.drop_below:
         for cut in a.drop_below:
             r = continue_run(a.run, a.t0, a.t_end, a.split[0], a.dt[0], drop_below=cut)
-            upsert(CLUSTERS, r, lambda x: (x["run"], x["t0"], x["drop_below"], x["split"], x["dt"]))
+            A.upsert(CLUSTERS, r, lambda x: (x["run"], x["t0"], x["drop_below"], x["split"], x["dt"]))
             print({k: r[k] for k in ("run", "t0", "drop_below", "mass_dropped", "particles", "wall_s",
                                      "particles_readings")}, flush=True)
         write_outputs(json.loads(OUT.read_text()))
@@ -446,14 +439,14 @@ def main(argv=None):
     if a.restart_max_dt:
         for mdt in a.restart_max_dt:
             r = restart_pde(a.run, a.t0, a.t_end, mdt)
-            upsert(RESTARTS, r, lambda x: (x["run"], x["t0"], x["max_dt"] or 1e9))
+            A.upsert(RESTARTS, r, lambda x: (x["run"], x["t0"], x["max_dt"] or 1e9))
             print({k: r[k] for k in ("run", "t0", "max_dt", "steps", "wall_s", "readings")}, flush=True)
         write_outputs(json.loads(OUT.read_text()))
         return
     for split in a.split:
         for dt in a.dt:
             r = continue_run(a.run, a.t0, a.t_end, split, dt)
-            upsert(OUT, r, lambda x: (x["run"], x["t0"], x["split"], -x["dt"]))
+            A.upsert(OUT, r, lambda x: (x["run"], x["t0"], x["split"], -x["dt"]))
             print({k: r[k] for k in ("run", "t0", "split", "dt", "particles", "wall_s", "t_exit",
                                      "particles_readings", "pde_readings")}, flush=True)
     write_outputs(json.loads(OUT.read_text()))

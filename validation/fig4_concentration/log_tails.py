@@ -15,7 +15,6 @@ Sweeps in sweep_runs/<the level's name>_log-quadratic (not committed); writes lo
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -54,10 +53,7 @@ def main(argv=None):
     out = HERE / "log_tails.json"
     for n in a.nside_min:
         r = run_level(n, a.nside_max, t_end=a.t_end)
-        rows = json.loads(out.read_text()) if out.exists() else []  # read now: levels may run in parallel calls
-        key = lambda x: (x["nside_max"], x["nside_min"], x.get("t_end", A.T_END))  # noqa: E731
-        rows = [x for x in rows if key(x) != key(r)] + [r]
-        out.write_text(json.dumps(sorted(rows, key=key), indent=1))
+        A.upsert(out, r, lambda x: (x["nside_max"], x["nside_min"], x.get("t_end", A.T_END)))  # levels may run in parallel calls
         print(r, flush=True)
 
 
