@@ -284,6 +284,9 @@ def _save_times(save_at, t0: float, t_end: float) -> np.ndarray:
 #: Per-step diagnostics (lists in ``Solver.diag``); the first five are recorded at every step start.
 _DIAG_KEYS = ("time", "mass", "min", "max", "sup_div", "dt", "error", "rejected", "field_error", "field_bound")
 _POOL = 6  # moment array pairs kept for reuse per grid (Solver._moment_arrays)
+# a regrid that made at most this share of the cells has the field recomputed at those cells alone
+# (Solver._move_history); above it, on the whole grid at the next step start
+_PARTIAL_SHARE = 0.25
 
 
 def _refs(a) -> int:
@@ -341,6 +344,9 @@ class Solver:
         # one evaluator per attention head of every layer (its caches, and the memory of its choices that the
         # checkpoint keeps), with the head's key in the model's state ("0.1." for head 1 of term 0)
         self._evaluators, self._eval_keys = {}, []
+        # per head, an evaluator for the few cells a regrid made (_refresh_moved): its own caches, so that the
+        # main one keeps the plans of the whole grid, and a copy of the main one's memory at each call
+        self._partial_evaluators = {}
         for prefix, head in _terms.attention_heads(model):
             if id(head) not in self._evaluators:
                 self._evaluators[id(head)] = head.evaluator()
@@ -432,14 +438,20 @@ class Solver:
     def _move_history(self, old, history):
         """Carry the field history of ``field_interval`` (the heads' means at the cell centres) from the grid
         ``old`` onto the new one (:meth:`Grid.move_field`) and remake its weights there, so that a regrid
-        does not cost three exact fields per step until three fields are known again. The move's error is
-        a jump of the field in space, not a variation in time: the next recomputation measures it and
-        takes it out of the history (:meth:`_push_field`) instead of reading it as curvature. (Read as
-        curvature, a jump of a fixed size over steps of size dt gives |a''| ~ jump / dt^2, which the step
-        control answers with a shorter step, whose next regrid brings the next jump: measured on an adaptive
-        run at beta 100, nside_max 512, t = 9.35, where move errors of 0.3 % of the field, above rtol / 2,
-        took dt from 1e-3 to 1e-10 in 40 steps and held it there.) A history without means (an older
-        checkpoint's) is dropped, and with it the curvature estimate."""
+        does not cost three exact fields per step until three fields are known again.
+
+        The move's error is a jump of the field in space, not a variation in time, and it sits in the cells
+        the regrid made (refined or coarsened); the cells it kept (:meth:`Grid.kept_cells`) have their old
+        means exactly. With the error control, and where the new cells are at most ``_PARTIAL_SHARE`` of
+        the grid, the field is recomputed at the new cells alone (:meth:`_refresh_new_cells`) and the jump
+        taken out of both history entries there; the kept cells go on extrapolating their history, which
+        the error control holds to rtol / 2 as between regrids. Otherwise the next step start recomputes
+        the whole field, which measures the jump and takes it out of the history (:meth:`_push_field`).
+        Read as curvature instead, a jump of a fixed size over steps of size dt gives |a''| ~ jump / dt^2,
+        which the step control answers with a shorter step, whose next regrid brings the next jump: measured
+        on an adaptive run at beta 100, nside_max 512, t = 9.35, where move errors of 0.3 % of the field,
+        above rtol / 2, took dt from 1e-3 to 1e-10 in 40 steps and held it there. A history without means
+        (an older checkpoint's) is dropped, and with it the curvature estimate."""
         if not history or any(ms is None for _, _, ms in history):
             self._field_curv = np.inf
             self._history_moved = False
@@ -447,12 +459,45 @@ class Solver:
         d = self.grid.dim
         every = [m for _, _, ms in history for m in ms]
         allm = old.move_field(np.concatenate(every, axis=1), self.grid) if every else None
-        k = 0
+        entries, k = [], 0
         for t, _, ms in history:  # one move for every entry's every head (the cell matching done once)
-            moved = [np.ascontiguousarray(allm[:, (k + j) * d:(k + j + 1) * d]) for j in range(len(ms))]
+            entries.append((t, [np.ascontiguousarray(allm[:, (k + j) * d:(k + j + 1) * d]) for j in range(len(ms))]))
             k += len(ms)
-            self._history.append((t, self._nonlocal_weights_now(self.f, t=t, means=moved), moved))
-        self._history_moved = len(self._history) == 2
+        moved, dm = len(entries) == 2, None
+        if moved and self.options.error_control:
+            kept = self.grid.kept_cells(old)
+            new = None if kept is None else np.flatnonzero(~kept)
+            if new is not None and new.size <= _PARTIAL_SHARE * self.grid.n_cells:
+                entries, dm = self._refresh_new_cells(entries, new)
+                moved = False
+        for t, ms in entries:
+            self._history.append((t, self._nonlocal_weights_now(self.f, t=t, means=ms), ms))
+        self._history_moved = moved
+        if dm is not None:  # the jump's size, measured as _push_field measures one: the step's field error
+            (tp, ap, _), (tn, an, _) = self._history
+            a = an + (self.t - tn) / (tn - tp) * (an - ap)
+            jump = sum(wh * self._weights_of_mean(head, d) for (wh, head), d in zip(self._heads, dm))
+            g, f = self.grid, self.f
+            w = f[g.owner] + f[g.neighbour]
+            scale = float(np.sum(w * np.abs(a).sum(axis=1)))  # not BLAS (see _error_ratio)
+            if scale > 0:
+                self._field_err = max(self._field_err, float(np.sum(w * np.abs(jump).sum(axis=1))) / scale)
+
+    def _refresh_new_cells(self, entries, cells):
+        """(entries, shifts): the moved history ``entries`` [(t_p, means), (t_n, means)] with the means at
+        ``cells`` (the cells a regrid made) shifted so that their extrapolation to now is the field
+        recomputed there for the present density (the slope the move gave them is kept, its jump taken out,
+        as :meth:`_push_field` does on the whole grid), and the shift of each head's means (zero at the
+        other cells)."""
+        (tp, mp), (tn, mn) = entries
+        c = (self.t - tn) / (tn - tp)
+        dm = []
+        for (_, head), n, q in zip(self._heads, mn, mp):
+            d = np.zeros_like(n)
+            if cells.size:
+                d[cells] = self._grid_mean_field(self.f, head, cells=cells) - (n[cells] + c * (n[cells] - q[cells]))
+            dm.append(d)
+        return [(tp, [q + d for q, d in zip(mp, dm)]), (tn, [n + d for n, d in zip(mn, dm)])], dm
 
     # ------------------------------------------------------------------ the model in force
     def _activate(self, t: float, reset: bool = True):
@@ -674,13 +719,16 @@ class Solver:
         self._history_moved = False
         self._history = (self._history + [(t, a, means)])[-2:]
 
-    def _grid_mean_field(self, f: np.ndarray, model=None) -> np.ndarray:
-        """The attention mean at the cell centres for the grid density f (midpoint rule over cells).
+    def _grid_mean_field(self, f: np.ndarray, model=None, cells=None) -> np.ndarray:
+        """The attention mean at the cell centres for the grid density f (midpoint rule over cells); at the
+        centres of ``cells`` (indices) only, when given.
 
         Each attention head is evaluated by its own evaluator (:mod:`spherepde.evaluation`: the method
         choice, the fallback chain and the certified bound); the grid's ``circle_start`` tells it when the
-        sums are circular convolutions (a uniform circle grid: the FFT path). What the last evaluation did
-        is in :attr:`field_info`.
+        sums are circular convolutions (a uniform circle grid: the FFT path). What the last evaluation of
+        every cell did is in :attr:`field_info`. A subset of cells goes to a second evaluator of the head,
+        which starts from the main one's memory and leaves it as it was (the run's bits do not depend on
+        when subsets were evaluated), so that the main one keeps its plans for the whole grid.
         """
         grid = self.grid
         model = self._heads[0][1] if model is None else model
@@ -689,10 +737,19 @@ class Solver:
             sources, w, hint = grid.source_rule[0].reshape(-1, grid.dim), source_weights(grid, f), None
         else:
             sources, w, hint = grid.centers, f * grid.areas, grid.circle_start
+        targets = grid.centers if cells is None else grid.centers[cells]
         if ev is None:  # a nonlocal term of the user's own, with its own mean_field
-            return model.mean_field(grid.centers, sources, w)
-        m, self.field_info = ev.mean_field(grid.centers, sources, w, circle_phi0=hint)
-        self._step_bound = max(self._step_bound, self.field_info.bound)
+            return model.mean_field(targets, sources, w)
+        if cells is not None:
+            pev = self._partial_evaluators.get(id(model))
+            if pev is None:
+                pev = self._partial_evaluators[id(model)] = model.evaluator()
+            pev.memory = dict(ev.memory)
+            m, info = pev.mean_field(targets, sources, w)
+        else:
+            m, info = ev.mean_field(targets, sources, w, circle_phi0=hint)
+            self.field_info = info
+        self._step_bound = max(self._step_bound, info.bound)
         return m
 
     def _moments(self, t: float, f: np.ndarray) -> np.ndarray:

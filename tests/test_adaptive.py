@@ -473,15 +473,17 @@ def test_field_history_moves_across_regrids():
     moves to the new cells, so the field is not recomputed at every stage after each regrid. Beta 10, paper
     matrices, nside 4..16, t = 1, SSP-RK3: 98 evaluations in 125 steps (moved) against 163 in 118 (the same
     solver with the history dropped at each regrid, as before) and 309 in 99 (exact field at every stage).
-    Moving must save more than a third of the evaluations per step that dropping costs (measured: 0.78
+    Moving must save more than a third of the evaluations per step that dropping costs (measured: 0.75
     against 1.38 per step), and stay under 0.8 per step. (Until 2026-12-05 the field was recomputed only
     when the move's error, read as curvature, asked for it: 87 evaluations in 123 steps, 0.71 per step,
-    under a bound of 0.75; now the field is recomputed at every regrid and the move's error taken out of
-    the history, test_a_moved_history_is_shifted_by_its_jump_not_read_as_curvature, which costs these ten
-    evaluations and ends the collapse of dt that the old reading caused.) The answer: relative L1 2.2e-4 from the
-    exact-field run on a common nside-16 map (the extrapolation is held to rtol / 2 = 5e-4 per step by the
-    error control; dropping the history gives 2.7e-4), so within rtol = 1e-3; mass to round-off. (At nside
-    4..32 the same run costs 60 s; the counts were 84 / 139 against 167 / 137.)"""
+    under a bound of 0.75; then it was recomputed on the whole grid at every regrid and the move's error
+    taken out of the history, test_a_moved_history_is_shifted_by_its_jump_not_read_as_curvature: 98 in 125
+    steps, 0.78; since 2026-12-06 at the regrid's new cells alone, test_a_regrid_refreshes_the_field_at_its_new_cells_only:
+    92 whole fields in 123 steps, 0.75, and 16 refreshes of a few cells.) The answer: relative L1 1.7e-4 from the
+    exact-field run on a common nside-16 map (2.2e-4 with the whole field at every regrid; the extrapolation
+    is held to rtol / 2 = 5e-4 per step by the error control; dropping the history gives 2.7e-4), so within
+    rtol = 1e-3; mass to round-off. (At nside 4..32 the same run costs 60 s; the counts were 84 / 139
+    against 167 / 137.)"""
     from spherepde.config import MATRIX_PRESETS
 
     P = MATRIX_PRESETS["paper"]
@@ -555,6 +557,70 @@ def test_a_moved_history_is_shifted_by_its_jump_not_read_as_curvature():
     old._history, old._history_moved = list(moved), False
     old._push_field(t, a, old.f, means)
     assert old._field_curv > 100 * curv0
+
+
+def test_a_regrid_refreshes_the_field_at_its_new_cells_only():
+    """Solver._move_history with the error control: the cells a regrid kept (Grid.kept_cells) carry their
+    history unchanged, and at the cells it made the field is recomputed for the present density, the
+    moved history shifted so that its extrapolation to now is that field (its slope kept); no whole
+    field is recomputed for the regrid (the next one comes when the error control or field_interval asks
+    for it), and the jump's size is the step's measured field error. A real run, beta 10, paper
+    matrices, nside 4..16, field_interval 4; every regrid of the first 0.6 time units is checked."""
+    from spherepde.config import MATRIX_PRESETS
+
+    P = MATRIX_PRESETS["paper"]
+    c0 = np.array([0.6, 0.0, 0.8])
+    s = sp.Solver(AdaptiveHealpixGrid(4, 16), sp.Attention(P["B"], P["V"], 10.0),
+                  lambda x: 1e-3 + np.exp(20 * (x @ c0 - 1)), sp.Options(field_interval=4))
+    n = _counted_means(s)
+    inner, seen = s._move_history, []
+
+    def checked(old, history):
+        before = n[0]
+        moved = [old.move_field(ms[0], s.grid) for _, _, ms in history]
+        inner(old, history)
+        if len(history) != 2:
+            return
+        kept = s.grid.kept_cells(old)
+        assert kept.shape == (s.grid.n_cells,) and kept.any() and not kept.all()
+        (tp, ap, (mp,)), (tn, an, (mn,)) = s._history
+        assert not s._history_moved and n[0] == before  # no whole field for the regrid
+        # kept cells: the old history, to the bit
+        assert np.array_equal(mp[kept], moved[0][kept]) and np.array_equal(mn[kept], moved[1][kept])
+        # new cells: the extrapolation to now is the field recomputed there (both evaluations certified to
+        # tol = 1e-12, so they differ by at most 2e-12, and the shift and extrapolation round at ~1e-16)
+        c = (s.t - tn) / (tn - tp)
+        full = s._grid_mean_field(s.f, s._heads[0][1])
+        new = ~kept
+        assert np.abs(mn[new] + c * (mn[new] - mp[new]) - full[new]).max() < 1e-11
+        # ... with the moved slope
+        assert np.allclose(mn[new] - mp[new], moved[1][new] - moved[0][new], rtol=0, atol=1e-13)
+        # the weights are the means' (the entries remade from the shifted means)
+        assert np.allclose(an, s._nonlocal_weights_now(s.f, t=tn, means=[mn]), rtol=0, atol=1e-13)
+        assert s._field_err > 0  # the move's jump, measured
+        seen.append(int(new.sum()))
+
+    s._move_history = checked
+    s.advance(0.6)
+    assert len(seen) >= 3, seen  # regrids with a history of two fields happened and were checked
+
+
+def test_kept_cells_are_the_leaves_both_tilings_share():
+    """Grid.kept_cells: after a refinement the four children are new and every other cell kept; after a
+    coarsening the parent is new; a fixed grid keeps all its cells, and knows nothing of another grid."""
+    g = AdaptiveHealpixGrid(4, 16, refinement=False)
+    flag = np.zeros(g.n_cells, bool)
+    flag[[5, 77]] = True
+    r = g.adapt(refine=flag)
+    kept = r.kept_cells(g)
+    assert (~kept).sum() == 8 and set(r.uniq[~kept]) == set(
+        nest_to_uniq(np.full(8, g.order[5] + 1), np.concatenate([4 * g.ipix[5] + np.arange(4), 4 * g.ipix[77] + np.arange(4)])))
+    back = r.adapt(coarsen=~kept)
+    kb = back.kept_cells(r)
+    assert (~kb).sum() == 2 and set(back.uniq[~kb]) == {g.uniq[5], g.uniq[77]}
+    assert r.kept_cells(r).all()
+    h = sp.HealpixGrid(4)
+    assert h.kept_cells(h).all() and h.kept_cells(g) is None
 
 
 def test_move_field_is_second_order():

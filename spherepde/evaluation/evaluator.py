@@ -156,6 +156,8 @@ class AttentionEvaluator:
         if self.model.normalization == "usa":
             return "usa_direct"
         name = "pruned" if _m.pruned_fraction(self.model.tol, p) < 0.5 else "direct"
+        if name == "pruned" and REGISTRY["pruned"].cost(self, p) > REGISTRY["direct"].cost(self, p):
+            name = "direct"  # (few targets on sources without blocks yet: making them costs more than it saves)
         return self._tree_or(p, name) if tree else name
 
     def _tree_or(self, p: Targets, name: str) -> str:

@@ -58,6 +58,11 @@ DIRECT_RATE = 0.7e9
 #: 8.3-8.9e8 at beta 30, 7.3-8.2e8 at 100, 5.9-7.0e8 at 300, 4.9-5.6e8 at 1000 (it was 0.4e9, measured
 #: on an earlier kernel).
 PRUNED_RATE = 0.6e9
+#: CPU seconds per source of the pruned method's blocks (:class:`SourceBlocks`), made once per source
+#: set and kept: 0.84-1.27 us a source of wall time on one thread (12k-197k HEALPix cells, measured
+#: 2026-12-06), counted twice since the other core waits. It decides one-off evaluations at few targets
+#: (the cells a regrid made, ``Solver._refresh_new_cells``), where the direct sums are the cheaper.
+PRUNED_SETUP = 2.4e-6
 #: Targets at which :func:`pruned_fraction` counts the sources the pruned sums keep.
 PRUNED_SAMPLES = 16
 #: CPU seconds per source (or target) and squared degree of the in-house series (its coefficients; the
@@ -380,11 +385,20 @@ class Pruned(Method):
 
     def cost(self, ev, p):
         frac = min(1.0, 1.2 * pruned_fraction(ev.model.tol, p))
-        return p.N * p.M * frac / PRUNED_RATE + p.M * (p.N / (BLOCK * SUPER)) * 2e-9
+        setup = 0.0 if self._blocks(ev, p) is not None else PRUNED_SETUP * p.N
+        return p.N * p.M * frac / PRUNED_RATE + p.M * (p.N / (BLOCK * SUPER)) * 2e-9 + setup
 
-    def run(self, ev, p, out, info):
+    @staticmethod
+    def _blocks(ev, p):
+        """The evaluator's blocks of these sources, None where it has none made for them."""
         sb = ev.cache.get("blocks")
         if sb is None or sb.key.shape != p.y.shape or not np.array_equal(sb.key, p.y):
+            return None
+        return sb
+
+    def run(self, ev, p, out, info):
+        sb = self._blocks(ev, p)
+        if sb is None:
             sb = ev.cache["blocks"] = SourceBlocks(p.y)
         ws = p.w[sb.perm]
         with np.errstate(divide="ignore"):

@@ -799,6 +799,13 @@ class AdaptiveHealpixGrid(Grid):
         out = transfer(values.reshape(self.n_cells, -1), self, target)
         return out.reshape((target.n_cells,) + values.shape[1:])
 
+    def kept_cells(self, old: "AdaptiveHealpixGrid") -> np.ndarray:
+        """Boolean (N,): the cells of this tiling that are leaves of ``old`` too (the same NUNIQ): those
+        :meth:`move_field` and :func:`transfer` keep as they were."""
+        if old is self:
+            return np.ones(self.n_cells, bool)
+        return old._leaves.index(self.uniq) >= 0
+
     def cells_state(self) -> dict:
         return {"uniq": self.uniq.copy()}
 

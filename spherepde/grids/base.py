@@ -101,6 +101,12 @@ class Grid:
             return values
         raise ValueError(f"{type(self).__name__} does not regrid: target must be the grid itself")
 
+    def kept_cells(self, old: "Grid"):
+        """Boolean (N,): the cells of this grid that are cells of ``old``, the grid :meth:`regrid` made it
+        from, so that :meth:`move_field` hands them their old values unchanged; None when unknown (every
+        cell then counts as new). A fixed grid keeps all its cells."""
+        return np.ones(self.n_cells, bool) if old is self else None
+
     def cells_state(self) -> dict:
         """What a checkpoint needs to rebuild this grid's cells ({} for a fixed grid; see :meth:`with_cells`)."""
         return {}
