@@ -277,8 +277,9 @@ def write_paper(r: dict, limit: float):
              f"- cells: {r['track'][0][1]} at t = 0, at most {r['max_cells']}",
              "- where the time went: " + ", ".join(
                  f"{label} {r['parts'][k][1]:.0f} s ({r['parts'][k][0]} calls)" for label, k in (
-                     ("attention evaluations", "_head_means"), ("regrids (with the field history's move)",
-                                                                 "_maybe_regrid"),
+                     ("attention evaluations", "_head_means"),
+                     ("regrids (with the field history's move and its recomputation at the new cells)",
+                      "_maybe_regrid"),
                      ("step attempts (stages, extrapolated moments)", "_try_step"))),
              f"- attention evaluations per step: {r['parts']['_head_means'][0] / max(r['steps'], 1):.2f}", ""]
     (HERE / "bench_adaptive_paper.md").write_text("\n".join(lines))
