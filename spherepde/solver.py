@@ -344,7 +344,7 @@ class Solver:
         # one evaluator per attention head of every layer (its caches, and the memory of its choices that the
         # checkpoint keeps), with the head's key in the model's state ("0.1." for head 1 of term 0)
         self._evaluators, self._eval_keys = {}, []
-        # per head, an evaluator for the few cells a regrid made (_refresh_moved): its own caches, so that the
+        # per head, an evaluator for the few cells a regrid made (_refresh_new_cells): its own caches, so that the
         # main one keeps the plans of the whole grid, and a copy of the main one's memory at each call
         self._partial_evaluators = {}
         for prefix, head in _terms.attention_heads(model):
@@ -725,7 +725,7 @@ class Solver:
 
         Each attention head is evaluated by its own evaluator (:mod:`spherepde.evaluation`: the method
         choice, the fallback chain and the certified bound); the grid's ``circle_start`` tells it when the
-        sums are circular convolutions (a uniform circle grid: the FFT path). What the last evaluation of
+        sums are circular convolutions (a uniform circle grid: the FFT path). What the last evaluation at
         every cell did is in :attr:`field_info`. A subset of cells goes to a second evaluator of the head,
         which starts from the main one's memory and leaves it as it was (the run's bits do not depend on
         when subsets were evaluated), so that the main one keeps its plans for the whole grid.
