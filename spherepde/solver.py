@@ -475,13 +475,9 @@ class Solver:
         self._history_moved = moved
         if dm is not None:  # the jump's size, measured as _push_field measures one: the step's field error
             (tp, ap, _), (tn, an, _) = self._history
-            a = an + (self.t - tn) / (tn - tp) * (an - ap)
+            relative = self._field_measure(self.f, an + (self.t - tn) / (tn - tp) * (an - ap))
             jump = sum(wh * self._weights_of_mean(head, d) for (wh, head), d in zip(self._heads, dm))
-            g, f = self.grid, self.f
-            w = f[g.owner] + f[g.neighbour]
-            scale = float(np.sum(w * np.abs(a).sum(axis=1)))  # not BLAS (see _error_ratio)
-            if scale > 0:
-                self._field_err = max(self._field_err, float(np.sum(w * np.abs(jump).sum(axis=1))) / scale)
+            self._field_err = max(self._field_err, relative(jump))
 
     def _refresh_new_cells(self, entries, cells):
         """(entries, shifts): the moved history ``entries`` [(t_p, means), (t_n, means)] with the means at
@@ -697,13 +693,7 @@ class Solver:
         self._field_err = 0.0
         if len(self._history) == 2 and self.options.error_control:
             (tp, ap, mp), (tn, an, mn) = self._history
-            g = self.grid
-            w = f[g.owner] + f[g.neighbour]
-            scale = float(np.sum(w * np.abs(a).sum(axis=1)))  # not BLAS (see _error_ratio)
-
-            def relative(da):  # the measure above, of a change da of the face weights
-                return float(np.sum(w * np.abs(da).sum(axis=1))) / scale if scale > 0 else 0.0
-
+            relative = self._field_measure(f, a)
             if self._history_moved:
                 c = (t - tn) / (tn - tp)
                 jump = a - (an + c * (an - ap))
@@ -718,6 +708,19 @@ class Solver:
                 self._field_err = self._field_curv * (t - tn) * (t - tp)  # = |a - extrapolation(t)| / |a|
         self._history_moved = False
         self._history = (self._history + [(t, a, means)])[-2:]
+
+    def _field_measure(self, f: np.ndarray, a: np.ndarray):
+        """The measure of a change da of the face weights ``a`` (F, G) relative to ``a``, weighted by the
+        density the faces carry (:meth:`_push_field`): sum_f w_f sum_g |da_fg| / sum_f w_f sum_g |a_fg| with
+        w_f = f_owner + f_neighbour, as a function of da (0 where ``a`` carries nothing)."""
+        g = self.grid
+        w = f[g.owner] + f[g.neighbour]
+        scale = float(np.sum(w * np.abs(a).sum(axis=1)))  # not BLAS (see _error_ratio)
+
+        def relative(da):
+            return float(np.sum(w * np.abs(da).sum(axis=1))) / scale if scale > 0 else 0.0
+
+        return relative
 
     def _grid_mean_field(self, f: np.ndarray, model=None, cells=None) -> np.ndarray:
         """The attention mean at the cell centres for the grid density f (midpoint rule over cells); at the

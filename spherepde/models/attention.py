@@ -128,10 +128,12 @@ class Attention(Model):
       would skip at least half the sources (their share counted at 16 sample targets, with the weights:
       the sources within log(N / 64 / tol) + 3 of the largest term), the cheaper by the CPU-time models
       of them (or the tree, below) and the in-house series (d = 3, its cost weighted by the share of the
-      targets its bound passed the last time); else spectral when d = 3 and L <= 64; else direct. Where
-      the guaranteed sums (direct or pruned, chosen or taking refused targets) would cost more than
-      0.05 s and 3x the tree's set-up, the tree's traversal is planned (counted, not run) and the tree is
-      taken where its modelled cost is below theirs.
+      targets its bound passed the last time), and direct instead of pruned where making the pruned sums'
+      source blocks (kept per source set) costs more than pruning saves (a one-off evaluation at few
+      targets); else spectral when d = 3 and L <= 64; else direct. Where the guaranteed sums (direct or
+      pruned, chosen or taking refused targets) would cost more than 0.05 s and 3x the tree's set-up, the
+      tree's traversal is planned (counted, not run) and the tree is taken where its modelled cost is
+      below theirs.
     """
 
     B: np.ndarray

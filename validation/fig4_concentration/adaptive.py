@@ -32,6 +32,7 @@ new).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -501,37 +502,45 @@ def merge_rows(new: list[dict], out: Path | None = None) -> list[dict]:
     ``adaptive.json.lock``, so that several runs of this script at once (one per beta or level, as the
     ladders are run on this machine) each add their rows to what the others wrote, instead of writing back
     the file as they read it when they started (which lost the rows another run had written meanwhile)."""
-    import fcntl
-
     out = OUT if out is None else Path(out)
     path = out / "adaptive.json"
-    with open(out / "adaptive.json.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _locked(path):
         rows = {key(r): r for r in (json.loads(path.read_text())["rows"] if path.exists() else [])}
         if new:
             rows.update({key(r): r for r in new})
             recs = [rows[k] for k in sorted(rows)]
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps({"nside_min": NSIDE_MIN, "t_end": T_END, "rows": recs}))
-            tmp.replace(path)  # atomic: a reader never sees half a file
+            _write_atomic(path, json.dumps({"nside_min": NSIDE_MIN, "t_end": T_END, "rows": recs}))
             (out / "adaptive.md").write_text(report(recs))
         return [rows[k] for k in sorted(rows)]
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path`` + ".lock" (``adaptive.json.lock``) for a read-merge-write of the record
+    file ``path`` by one of several runs of these scripts at once."""
+    import fcntl
+
+    with open(path.with_suffix(path.suffix + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: a reader never sees half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def upsert(path: Path, row: dict, key) -> None:
     """Replace the row of ``path`` (a JSON list of records) with the same ``key`` as ``row`` by ``row`` (or add
     it), sorted by ``key``: the record files of ``log_tails.py`` and ``lagrangian.py``, whose runs go in
-    parallel calls. Read, merge and write under the lock of :func:`merge_rows`, the write atomic."""
-    import fcntl
-
+    parallel calls. Read, merge and write under :func:`_locked`, as :func:`merge_rows` does, the write atomic."""
     path = Path(path)
-    with open(path.with_suffix(".json.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _locked(path):
         rows = json.loads(path.read_text()) if path.exists() else []
         rows = [x for x in rows if key(x) != key(row)] + [row]
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(sorted(rows, key=key), indent=1))
-        tmp.replace(path)
+        _write_atomic(path, json.dumps(sorted(rows, key=key), indent=1))
 
 
 def main(argv=None):
