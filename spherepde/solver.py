@@ -341,6 +341,7 @@ class Solver:
         self.f = _initial_density(grid, f0)
         self.n_steps = 0
         self.n_regrids = 0  # grid changes during the run (Grid.regrid)
+        self._cfl_since_regrid = 0.0  # CFL steps (fractions for shorter steps) since the last regrid
         # one evaluator per attention head of every layer (its caches, and the memory of its choices that the
         # checkpoint keeps), with the head's key in the model's state ("0.1." for head 1 of term 0)
         self._evaluators, self._eval_keys = {}, []
@@ -409,16 +410,28 @@ class Solver:
             name = "ssprk3" if _terms.has_noise(self.model) else "ssprk43"
         return name
 
+    @property
+    def _regrid_every(self) -> int:
+        """Steps of this stepper at the CFL limit between regrids (0: the grid never changes)."""
+        every = int(getattr(self.grid, "regrid_interval", 0) or 0)
+        return max(1, int(round(every / self._stepper.ssp_coefficient))) if every > 0 else 0
+
     def _maybe_regrid(self):
         """Every ``grid.regrid_interval`` CFL steps, let the grid adapt to the density (:meth:`Grid.regrid`);
         the density moves conservatively with it. A uniform grid never changes (interval 0). A stepper of
         SSP coefficient c takes steps c times as long, so it regrids every interval / c steps (at least
-        every step): a feature moves as far between regrids whatever the stepper."""
-        every = int(getattr(self.grid, "regrid_interval", 0) or 0)
-        if every > 0:
-            every = max(1, int(round(every / self._stepper.ssp_coefficient)))
-        if every <= 0 or self.n_steps % every:
+        every step): a feature moves as far between regrids whatever the stepper.
+
+        The steps are counted by their length against the CFL step (``_cfl_since_regrid``): a step the error
+        control (or ``max_dt``, or a save time) made shorter than the CFL step moves the density by less than
+        the Courant number the buffer is sized for, and counts as that fraction of a step. At the CFL limit
+        this is every interval / c steps, as before; in the terminal phase of Figure 4 at beta 100 (nside_max
+        128) the error control's steps are 0.3-0.4 of the CFL step, and a regrid every 2 steps would come
+        2.5-3 times as often as the density's motion asks for."""
+        every = self._regrid_every
+        if every <= 0 or self._cfl_since_regrid < every - 1e-9:
             return
+        self._cfl_since_regrid = 0.0
         # the pooled moment arrays nobody holds, and the heads' face weights, are dropped before the new grid
         # is built beside the old one (a changed grid's go anyway; an unchanged one's are remade on demand): up
         # to _POOL pairs of ~320 B a cell and ~290 B a cell a head would otherwise add to the regrid's peak
@@ -1146,6 +1159,11 @@ class Solver:
         self.f = f_new
         self.t = t_land if (t_land is not None and dt == dt_max) else self.t + dt
         self.n_steps += 1
+        # the step's share of a CFL step (or of max_dt, where that is shorter): 1 at that limit, less where the
+        # error control or a save time made it shorter; how far the density moved, relative to the Courant number
+        # the regrid buffer is sized for (_maybe_regrid). With noise the heat steps spread it too, whatever the
+        # velocity: every step counts whole, as before
+        self._cfl_since_regrid += 1.0 if self._diffusivity > 0 else min(1.0, dt / min(dt_cfl, opt.max_dt))
         self._maybe_regrid()
         self._mom = self._state_moments()
         self._record()
@@ -1354,7 +1372,7 @@ class Solver:
             "history_means": [[m.copy() for m in ms] if ms is not None else None for _, _, ms in self._history],
             "controller": {"dt_next": self._dt_next, "field_curv": self._field_curv,
                            "field_step": self._field_step, "field_err": self._field_err,
-                           "history_moved": float(self._history_moved),
+                           "history_moved": float(self._history_moved), "cfl_since_regrid": self._cfl_since_regrid,
                            # the node times of field_time="interpolate" (their weights are re-evaluated)
                            "node_h": self._node_h, "node_count": len(self._nodes),
                            **{f"node_t{k}": tk for k, tk in enumerate(self._nodes)},
@@ -1392,6 +1410,9 @@ class Solver:
         self._field_step = int(ctl.get("field_step", self.n_steps))
         self._field_err = float(ctl.get("field_err", 0.0))
         self._history_moved = bool(ctl.get("history_moved", 0.0))
+        # (a checkpoint of before the count: the steps since the last regrid of the old rule, n_steps % every)
+        every = self._regrid_every
+        self._cfl_since_regrid = float(ctl.get("cfl_since_regrid", self.n_steps % every if every > 0 else 0))
         n_nodes = int(ctl.get("node_count", 0))
         self._nodes = [float(ctl[f"node_t{k}"]) for k in range(n_nodes)]
         self._node_errs = [float(ctl[f"node_err{k}"]) for k in range(n_nodes)]

@@ -469,12 +469,15 @@ def _counted_means(s):
 
 
 def test_field_history_moves_across_regrids():
-    """field_interval on a grid that regrids every 4 steps: the history (the means at the cell centres)
-    moves to the new cells, so the field is not recomputed at every stage after each regrid. Beta 10, paper
-    matrices, nside 4..16, t = 1, SSP-RK3: 98 evaluations in 125 steps (moved) against 163 in 118 (the same
-    solver with the history dropped at each regrid, as before) and 309 in 99 (exact field at every stage).
-    Moving must save more than a third of the evaluations per step that dropping costs (measured: 0.75
-    against 1.38 per step), and stay under 0.8 per step. (Until 2026-12-05 the field was recomputed only
+    """field_interval on a grid that regrids every CFL step (Refinement(interval=1)): the history (the means at
+    the cell centres) moves to the new cells, so the field is not recomputed at every stage after each regrid.
+    Beta 10, paper matrices, nside 4..16, t = 1, SSP-RK3: 92 evaluations in 123 steps and 28 regrids (moved)
+    against 188 in 111 and 24 regrids (the same solver with the history dropped at each regrid) and 309 in 99
+    (exact field at every stage). Moving must save more than a third of the evaluations per step that dropping
+    costs (measured: 0.75 against 1.69 per step), and stay under 0.8 per step. (The error control's steps here
+    are ~0.26 of the CFL step, and the regrids are counted in CFL steps since 2026-12-06 (Solver._maybe_regrid):
+    the default interval of 4 gives 8 regrids in this run, too few to test the move; before, it was every 4
+    steps, and the counts below were measured that way.) (Until 2026-12-05 the field was recomputed only
     when the move's error, read as curvature, asked for it: 87 evaluations in 123 steps, 0.71 per step,
     under a bound of 0.75; then it was recomputed on the whole grid at every regrid and the move's error
     taken out of the history, test_a_moved_history_is_shifted_by_its_jump_not_read_as_curvature: 98 in 125
@@ -485,6 +488,7 @@ def test_field_history_moves_across_regrids():
     rtol = 1e-3; mass to round-off. (At nside 4..32 the same run costs 60 s; the counts were 84 / 139
     against 167 / 137.)"""
     from spherepde.config import MATRIX_PRESETS
+    from spherepde.grids.adaptive import Refinement
 
     P = MATRIX_PRESETS["paper"]
     model = sp.Attention(P["B"], P["V"], 10.0)
@@ -494,7 +498,8 @@ def test_field_history_moves_across_regrids():
     for kind, fi in (("moved", 4), ("dropped", 4), ("exact", None)):
         # SSP-RK3, the stepper these counts were measured with (SSP-RK(4,3), the default, takes steps twice
         # as long and regrids every 2 steps)
-        s = sp.Solver(AdaptiveHealpixGrid(4, 16), model, f0, sp.Options(field_interval=fi, stepper="ssprk3"))
+        s = sp.Solver(AdaptiveHealpixGrid(4, 16, refinement=Refinement(interval=1)), model, f0,
+                      sp.Options(field_interval=fi, stepper="ssprk3"))
         if kind == "dropped":
             s._move_history = lambda old, history, s=s: setattr(s, "_field_curv", np.inf)
         n = _counted_means(s)
@@ -565,12 +570,14 @@ def test_a_regrid_refreshes_the_field_at_its_new_cells_only():
     moved history shifted so that its extrapolation to now is that field (its slope kept); no whole
     field is recomputed for the regrid (the next one comes when the error control or field_interval asks
     for it), and the jump's size is the step's measured field error. A real run, beta 10, paper
-    matrices, nside 4..16, field_interval 4; every regrid of the first 0.6 time units is checked."""
+    matrices, nside 4..16, field_interval 4, a regrid every CFL step (the error control's steps are a
+    fraction of one: ~10 regrids); every regrid of the first 0.6 time units is checked."""
     from spherepde.config import MATRIX_PRESETS
+    from spherepde.grids.adaptive import Refinement
 
     P = MATRIX_PRESETS["paper"]
     c0 = np.array([0.6, 0.0, 0.8])
-    s = sp.Solver(AdaptiveHealpixGrid(4, 16), sp.Attention(P["B"], P["V"], 10.0),
+    s = sp.Solver(AdaptiveHealpixGrid(4, 16, refinement=Refinement(interval=1)), sp.Attention(P["B"], P["V"], 10.0),
                   lambda x: 1e-3 + np.exp(20 * (x @ c0 - 1)), sp.Options(field_interval=4))
     n = _counted_means(s)
     inner, seen = s._move_history, []
@@ -893,6 +900,52 @@ def test_solver_hands_the_kernels_to_the_attended_refinement():
     assert orders[False] == [2, 2] and orders[True] == [4, 4]
 
 
+def test_regrids_are_counted_in_cfl_steps():
+    """Solver._maybe_regrid counts the steps by their length against the CFL step (or max_dt, where that is
+    shorter): at that limit every interval / c steps (c the stepper's SSP coefficient: 2 for SSP-RK(4,3),
+    so every 2 steps at the default interval 4); steps a quarter as long count a quarter each, so the grid
+    adapts every 8 of them, as often per distance moved. The count is in the checkpoint state, and a state
+    without it (an older checkpoint) resumes with the steps since the last regrid of the old rule."""
+    c = np.array([0.0, 0.6, 0.8])
+    f0 = lambda x: np.exp(20 * (x @ c - 1))  # noqa: E731
+
+    def regrid_calls(n_steps, frac=None, **opts):
+        s = sp.Solver(AdaptiveHealpixGrid(2, 8), sp.Prescribed.rigid_rotation([1.0, 0.0, 0.0]), f0,
+                      sp.Options(error_control=False, **opts))
+        calls, inner = [], s.grid.__class__.regrid
+
+        def counted(self, *a, **k):
+            calls.append(s.n_steps)
+            return inner(self, *a, **k)
+
+        s.grid.__class__.regrid = counted
+        try:
+            dt_cfl = s.options.cfl * s._stepper.ssp_coefficient / s._rates(s._mom)[0]  # steady: the same every step
+            for _ in range(n_steps):
+                s.step(dt_max=np.inf if frac is None else frac * dt_cfl)
+        finally:
+            s.grid.__class__.regrid = inner
+        return s, calls
+
+    s, calls = regrid_calls(12)
+    assert calls == [2, 4, 6, 8, 10, 12]  # at the CFL limit: every interval / c = 4 / 2 steps, as before
+    s, calls = regrid_calls(24, frac=0.25)
+    assert calls == [8, 16, 24]  # a quarter of the CFL step each: every 8 steps
+    assert s.get_state()["controller"]["cfl_since_regrid"] == 0.0
+    s.step(dt_max=1e-3)
+    state = s.get_state()
+    assert 0 < state["controller"]["cfl_since_regrid"] < 1
+    state["controller"].pop("cfl_since_regrid")  # an older checkpoint: n_steps % every (25 % 2) steps since
+    o = sp.Solver(AdaptiveHealpixGrid(2, 8), sp.Prescribed.rigid_rotation([1.0, 0.0, 0.0]), f0,
+                  sp.Options(error_control=False))
+    o.set_state(state)
+    assert o._cfl_since_regrid == 1.0
+    # max_dt shorter than the CFL step is the unit: every step counts whole (the issue's regrid every 10 steps
+    # of test_mass_exact_over_many_regrids is every 10 steps of max_dt)
+    s, calls = regrid_calls(8, max_dt=1e-3)
+    assert calls == [2, 4, 6, 8]
+
+
 def test_a_regrid_drops_the_pooled_moments_nobody_holds():
     """Before a regrid builds the new grid beside the old one, the moment arrays pooled for reuse that nobody
     holds are dropped (the paper-scale run's peak memory: up to six pairs of ~320 B a cell), those still
@@ -920,9 +973,10 @@ def test_a_regrid_drops_the_pooled_moments_nobody_holds():
             s.step()
             if drop:
                 before = free_and_held(s)
-                s.n_steps, n = 0, s.n_steps  # a regrid due now (it changes nothing: no cell is flagged)
+                # a regrid due now (it changes nothing: no cell is flagged)
+                s._cfl_since_regrid, n = np.inf, s._cfl_since_regrid
                 s._maybe_regrid()
-                s.n_steps = n
+                s._cfl_since_regrid = n
                 counts.append((before, free_and_held(s)))
         assert s.n_regrids == 0 and s.grid.n_cells == 12 * 16
         return s.f.copy(), s.t, counts

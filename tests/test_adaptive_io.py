@@ -270,15 +270,16 @@ def test_field_history_survives_a_checkpoint_across_regrids(tmp_path):
     regrid moves), so a run resumed from the file is the uninterrupted run, bit for bit, through the
     regrids that follow; a checkpoint without the means (an older version's) resumes too and drops the
     history at the next regrid (evaluating the field more often). Nside 4..16: the regrids of nside 4..32 at
-    a fraction of the cost."""
+    a fraction of the cost, regridding every CFL step (the error control's steps are a fraction of one)."""
     from spherepde.config import MATRIX_PRESETS
+    from spherepde.grids.adaptive import Refinement
 
     P = MATRIX_PRESETS["paper"]
     model = sp.Attention(P["B"], P["V"], 10.0)
     c = np.array([0.6, 0.0, 0.8])
     f0 = lambda x: 1e-3 + np.exp(20 * (x @ c - 1))  # noqa: E731
     opts = sp.Options(field_interval=4)
-    ref = sp.Solver(AdaptiveHealpixGrid(4, 16), model, f0, opts)
+    ref = sp.Solver(AdaptiveHealpixGrid(4, 16, refinement=Refinement(interval=1)), model, f0, opts)
     ref.advance(0.3)
     assert ref._history and all(ms is not None for _, _, ms in ref._history)
     io.write_checkpoint(tmp_path / "c.h5", ref.get_state(), {"n": 1})
@@ -287,13 +288,13 @@ def test_field_history_survives_a_checkpoint_across_regrids(tmp_path):
     assert ref.n_regrids > n0 + 3
     state, _ = io.read_checkpoint(tmp_path / "c.h5")
     assert state["history_means"] and all(len(ms) == 1 for ms in state["history_means"])
-    other = sp.Solver(AdaptiveHealpixGrid(4, 16), model, f0, opts)
+    other = sp.Solver(AdaptiveHealpixGrid(4, 16, refinement=Refinement(interval=1)), model, f0, opts)
     other.set_state(state)
     other.advance(0.6)
     assert other.n_steps == ref.n_steps and np.array_equal(other.grid.uniq, ref.grid.uniq)
     assert np.array_equal(other.f, ref.f)
     state.pop("history_means")
-    old = sp.Solver(AdaptiveHealpixGrid(4, 16), model, f0, opts)
+    old = sp.Solver(AdaptiveHealpixGrid(4, 16, refinement=Refinement(interval=1)), model, f0, opts)
     old.set_state(state)
     old.advance(0.6)
     assert abs(old.grid.mass(old.f) - ref.grid.mass(ref.f)) < 1e-14

@@ -321,7 +321,7 @@ def _dense_g(pix, M, Y, tgt, U, *_) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Refinement:
-    """When an :class:`AdaptiveHealpixGrid` refines and coarsens (during a run, every ``interval`` steps).
+    """When an :class:`AdaptiveHealpixGrid` refines and coarsens (during a run, every ``interval`` CFL steps).
 
     With h_i = sqrt(|C_i|) the cell's size, the variation r_i = (max - min) / max of f over the cell and
     the cells touching it, and "significant" meaning f >= ``floor`` max f somewhere in that stencil:
@@ -361,7 +361,10 @@ class Refinement:
     interval : int, default 4
         CFL steps between regrids: steps of SSP-RK3, SSP-RK2 or Euler; a stepper of SSP coefficient c
         (SSP-RK(4,3): 2), whose steps are c times as long, regrids every interval / c steps. At CFL 0.4 a
-        feature moves at most 1.6 cells in 4 CFL steps, within a buffer of 2 rings.
+        feature moves at most 1.6 cells in 4 CFL steps, within a buffer of 2 rings. A step shorter than
+        the CFL step (or than ``max_dt``, where that is shorter), as the error control takes them, counts
+        as its fraction of one: the regrids follow the distance the density moved, not the step count
+        (``Solver._maybe_regrid``).
     attended : bool, default False
         Count the attention a cell receives as well as its density (above); the grid needs the model's
         attention kernels, which the solver hands to :meth:`AdaptiveHealpixGrid.regrid`.
