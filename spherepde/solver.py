@@ -422,9 +422,9 @@ class Solver:
         SSP coefficient c takes steps c times as long, so it regrids every interval / c steps (at least
         every step): a feature moves as far between regrids whatever the stepper.
 
-        The steps are counted by their length against the CFL step (``_cfl_since_regrid``): a step the error
-        control (or ``max_dt``, or a save time) made shorter than the CFL step moves the density by less than
-        the Courant number the buffer is sized for, and counts as that fraction of a step. At the CFL limit
+        The steps are counted by their length against the CFL step, or ``max_dt`` where that is shorter
+        (``_cfl_since_regrid``): a step the error control or a save time made shorter moves the density by less
+        than the Courant number the buffer is sized for, and counts as that fraction of a step. At the CFL limit
         this is every interval / c steps, as before; in the terminal phase of Figure 4 at beta 100 (nside_max
         128) the error control's steps are 0.3-0.4 of the CFL step, and a regrid every 2 steps would come
         2.5-3 times as often as the density's motion asks for."""
