@@ -388,6 +388,12 @@ def test_fig4_beta300_exit_lies_on_the_tails_drift_on_disk():
     assert (mins[1]["t_exit"] - mins[0]["t_exit"]) * (mins[2]["t_exit"] - mins[1]["t_exit"]) < 0
     assert abs(mins[2]["t_exit"] / mins[0]["t_exit"] - 1.0) < 0.005
     assert mins[0]["tail_share_T"] > mins[1]["tail_share_T"] > mins[2]["tail_share_T"]
+    # the step-size pair (README "beta 300", measured 2026-12-06): rtol 1e-4 at nside_max 128 moves the exit by
+    # 7e-4 and the plateau by 4.6e-3, below the bars and far below the exit's 3 % along nside_min: what moves the
+    # exit there is the tails, not the step
+    (p,) = [p for p in A.step_pairs(d["rows"]) if p["beta"] == 300.0]
+    assert p["nside_max"] == 128 and p["rtol"] == 1e-4 and p["steps"][1] > 2 * p["steps"][0]
+    assert p["t_exit"] < 3e-3 and 10 * p["t_exit"] < ch[0]["t_exit"] and p["plateau_w2"] < 1e-2 and p["t_EF"] is None
 
 
 def test_fig4_adaptive_rtol_is_a_step_size_ladder_never_a_resolution_level():
