@@ -455,6 +455,10 @@ def test_fig4_beta100_ladder_on_disk_converges_with_the_attention_criterion_wher
         assert same[0.25]["max_cells"] < same[0.0]["max_cells"]
     # the step-size ladder (README, "And in the step size"): the 128 level at rtol 1e-4 moves t_exit and the
     # plateau by well under the bars between resolution levels, and under the last resolution step
+    # beta 30 (README "And in the step size", 2026-12-06): the same at its default-refinement 128 level, T = 30
+    (q,) = [p for p in A.step_pairs(d["rows"]) if p["beta"] == 30.0]
+    assert q["nside_max"] == 128 and q["rtol"] == 1e-4 and q["steps"][1] > 2 * q["steps"][0]
+    assert q["t_exit"] < 1e-3 and q["plateau_w2"] < 2e-3
     (p,) = [p for p in A.step_pairs(d["rows"]) if p["beta"] == 100.0]
     assert p["nside_max"] == 128 and p["rtol"] == 1e-4 and p["steps"][1] > 2.5 * p["steps"][0]
     assert p["t_exit"] < 3e-3 < ch[-1]["t_exit"] and p["plateau_w2"] < 1e-2 and p["t_EF"] is None
