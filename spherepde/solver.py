@@ -489,7 +489,7 @@ class Solver:
         if dm is not None:  # the jump's size, measured as _push_field measures one: the step's field error
             (tp, ap, _), (tn, an, _) = self._history
             relative = self._field_measure(self.f, an + (self.t - tn) / (tn - tp) * (an - ap))
-            jump = sum(wh * self._weights_of_mean(head, d) for (wh, head), d in zip(self._heads, dm))
+            jump = sum(wh * self._weights_of_mean(head, shift) for (wh, head), shift in zip(self._heads, dm))
             self._field_err = max(self._field_err, relative(jump))
 
     def _refresh_new_cells(self, entries, cells):
