@@ -352,6 +352,33 @@ def test_fig4_adaptive_rows_of_concurrent_runs_are_merged_not_overwritten(tmp_pa
     assert on_disk == rows and (tmp_path / "adaptive.md").read_text() == A.report(rows)
 
 
+def test_record_files_hold_the_lock_across_processes(tmp_path):
+    """validation/records.py (the record files of fig4_concentration/adaptive.py, log_tails.py, lagrangian.py
+    and adaptive_clusters/run.py): a second process's upsert waits while this one holds the lock for its
+    read-merge-write, so neither row is lost. This process reads the file, waits 0.6 s and writes back what it
+    read plus its row: were the child not blocked, its row (written during the wait) would be overwritten.
+    The write leaves no temporary file."""
+    import subprocess
+    import time
+
+    from validation.records import locked, upsert, write_atomic
+
+    path = tmp_path / "rows.json"
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from validation.records import upsert; "
+            "upsert(sys.argv[2], {'k': 2}, lambda r: r['k'])")
+    with locked(path):
+        rows = json.loads(path.read_text()) if path.exists() else []
+        child = subprocess.Popen([sys.executable, "-c", code, str(C.VALID.parent), str(path)])
+        time.sleep(0.6)  # a Python start and an upsert take ~0.1 s on this machine: the child is at the lock
+        assert child.poll() is None and not path.exists()  # blocked, nothing written
+        write_atomic(path, json.dumps(rows + [{"k": 1}]))
+    assert child.wait(timeout=60) == 0
+    assert json.loads(path.read_text()) == [{"k": 1}, {"k": 2}]
+    upsert(path, {"k": 1, "v": "again"}, lambda r: r["k"])  # a row of the same key replaced, sorted by key
+    assert json.loads(path.read_text()) == [{"k": 1, "v": "again"}, {"k": 2}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.json", "rows.json.lock"]
+
+
 def test_fig4_beta300_exit_lies_on_the_tails_drift_on_disk():
     """adaptive.json (README, "beta 300"): on the nside_max ladder 64 to 1024 (nside 32 coarsest cells) the
     departure from E's plateau converges (its steps shrink, to below 5 % at 512 and 2 % at 1024) while t_exit,

@@ -325,11 +325,11 @@ def main(argv=None):
 
 def _merge(path: Path, res: dict, row: dict, wall: float) -> dict:
     """Add ``row`` to the results on disk (replacing a row of the same label; rows of members run by another
-    call are kept: members may run in parallel processes, one call each), under an exclusive lock."""
-    import fcntl
+    call are kept: members may run in parallel processes, one call each), under an exclusive lock, the write
+    atomic (``validation/records.py``)."""
+    from validation.records import locked, write_atomic
 
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(path):
         rows = json.loads(path.read_text())["rows"] if path.exists() else []
         order = {n: i for i, n in enumerate(LEVELS + (UNIFORM,))}
         rows = sorted([r for r in rows if r["label"] != row["label"]] + [row],
@@ -337,9 +337,8 @@ def _merge(path: Path, res: dict, row: dict, wall: float) -> dict:
                                      ("linear", "quadratic", "log-quadratic").index(scheme_of(r["label"]))))
         # (a level's rows in a fixed order of schemes, whichever ran last)
         res = dict(res, rows=rows, wall_total_s=sum(r["solver_wall_s"] for r in rows) if rows else wall)
-        path.write_text(json.dumps(res, indent=1))
+        write_atomic(path, json.dumps(res, indent=1))
     return res
-
 
 if __name__ == "__main__":
     sys.exit(C.cli("adaptive_clusters", criteria, main, results_for))

@@ -32,7 +32,6 @@ new).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import sys
@@ -43,6 +42,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
+from validation.records import locked, upsert, write_atomic  # noqa: E402,F401  (upsert: log_tails.py, lagrangian.py)
 #: Where the sweeps' run directories go (not committed) and where adaptive.md / adaptive.json are written.
 RUNS = HERE / "sweep_runs"
 OUT = HERE
@@ -504,43 +504,14 @@ def merge_rows(new: list[dict], out: Path | None = None) -> list[dict]:
     the file as they read it when they started (which lost the rows another run had written meanwhile)."""
     out = OUT if out is None else Path(out)
     path = out / "adaptive.json"
-    with _locked(path):
+    with locked(path):
         rows = {key(r): r for r in (json.loads(path.read_text())["rows"] if path.exists() else [])}
         if new:
             rows.update({key(r): r for r in new})
             recs = [rows[k] for k in sorted(rows)]
-            _write_atomic(path, json.dumps({"nside_min": NSIDE_MIN, "t_end": T_END, "rows": recs}))
+            write_atomic(path, json.dumps({"nside_min": NSIDE_MIN, "t_end": T_END, "rows": recs}))
             (out / "adaptive.md").write_text(report(recs))
         return [rows[k] for k in sorted(rows)]
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    """An exclusive lock on ``path`` + ".lock" (``adaptive.json.lock``) for a read-merge-write of the record
-    file ``path`` by one of several runs of these scripts at once."""
-    import fcntl
-
-    with open(path.with_suffix(path.suffix + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: a reader never sees half a file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-def upsert(path: Path, row: dict, key) -> None:
-    """Replace the row of ``path`` (a JSON list of records) with the same ``key`` as ``row`` by ``row`` (or add
-    it), sorted by ``key``: the record files of ``log_tails.py`` and ``lagrangian.py``, whose runs go in
-    parallel calls. Read, merge and write under :func:`_locked`, as :func:`merge_rows` does, the write atomic."""
-    path = Path(path)
-    with _locked(path):
-        rows = json.loads(path.read_text()) if path.exists() else []
-        rows = [x for x in rows if key(x) != key(row)] + [row]
-        _write_atomic(path, json.dumps(sorted(rows, key=key), indent=1))
 
 
 def main(argv=None):
