@@ -38,6 +38,7 @@ is non-negative where the density is.
 """
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -501,6 +502,7 @@ class AdaptiveHealpixGrid(Grid):
         perm = np.argsort(key, kind="stable")
         self.uniq, self.order, self.ipix = uniq[perm], order[perm], ipix[perm]
         self._leaves = _Leaves(self.uniq)
+        self._token = secrets.randbits(63)  # names this grid to one adapted from it (kept_faces)
         self.nside = (np.int64(1) << self.order)
         N = len(self.uniq)
         # geometry of the cells and faces that the grid this one was adapted from already has is copied
@@ -621,6 +623,8 @@ class AdaptiveHealpixGrid(Grid):
             todo = ~hit
             rows = np.nonzero(hit)[0]
             known = (rows, reuse.face_length[src[rows]], reuse.face_unit_normal[src[rows]])
+        # the faces whose geometry was copied from ``reuse``, for kept_faces
+        self._faces_from = None if reuse is None else (getattr(reuse, "_token", None), rows, src[rows])
         for j, (_, fixed, off) in enumerate(_EDGES):
             sel = np.nonzero(todo & (edge == j))[0]
             if not len(sel):
@@ -808,6 +812,28 @@ class AdaptiveHealpixGrid(Grid):
         if old is self:
             return np.ones(self.n_cells, bool)
         return old._leaves.index(self.uniq) >= 0
+
+    def kept_faces(self, old: "AdaptiveHealpixGrid"):
+        """The faces of this tiling that ``old`` has too (the same fine-side cell and edge: ``_face_key``) whose
+        quadrature points and normals are the same bits there; see :meth:`Grid.kept_faces`. When this grid was
+        adapted from ``old`` (:meth:`adapt`) those are the faces whose geometry it copied from it, recorded
+        then; otherwise the keys are matched and the geometry compared."""
+        if old is self:
+            return super().kept_faces(old)
+        mine = getattr(self, "_faces_from", None)
+        if mine is not None and mine[0] is not None and mine[0] == getattr(old, "_token", None):
+            return mine[1], mine[2]  # adapted from ``old``: these faces' geometry was copied from it
+        if not isinstance(old, AdaptiveHealpixGrid) or old.n_faces == 0 or \
+                old.face_points.shape[1:] != self.face_points.shape[1:]:
+            return None
+        srt = np.argsort(old._face_key)
+        pos = np.minimum(np.searchsorted(old._face_key[srt], self._face_key), len(srt) - 1)
+        src = srt[pos]
+        rows = np.flatnonzero(old._face_key[src] == self._face_key)
+        src = src[rows]
+        same = (np.all(old.face_points[src] == self.face_points[rows], axis=(1, 2))
+                & np.all(old.face_normals[src] == self.face_normals[rows], axis=(1, 2)))
+        return rows[same], src[same]
 
     def cells_state(self) -> dict:
         return {"uniq": self.uniq.copy()}

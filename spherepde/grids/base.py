@@ -107,6 +107,16 @@ class Grid:
         cell then counts as new). A fixed grid keeps all its cells."""
         return np.ones(self.n_cells, bool) if old is self else None
 
+    def kept_faces(self, old: "Grid"):
+        """``(rows, src)``: the faces of this grid that ``old`` (the grid :meth:`regrid` made it from) has too,
+        with the same quadrature points and normals bit for bit, as their indices here (``rows``) and in ``old``
+        (``src``), so that a steady local field's face weights there can be carried over instead of evaluated
+        again; None when unknown (every face counts as new). A fixed grid keeps all its faces."""
+        if old is self:
+            every = np.arange(self.n_faces)
+            return every, every
+        return None
+
     def cells_state(self) -> dict:
         """What a checkpoint needs to rebuild this grid's cells ({} for a fixed grid; see :meth:`with_cells`)."""
         return {}
