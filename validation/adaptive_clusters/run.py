@@ -340,5 +340,6 @@ def _merge(path: Path, res: dict, row: dict, wall: float) -> dict:
         write_atomic(path, json.dumps(res, indent=1))
     return res
 
+
 if __name__ == "__main__":
     sys.exit(C.cli("adaptive_clusters", criteria, main, results_for))

@@ -510,7 +510,7 @@ def merge_rows(new: list[dict], out: Path | None = None) -> list[dict]:
             rows.update({key(r): r for r in new})
             recs = [rows[k] for k in sorted(rows)]
             write_atomic(path, json.dumps({"nside_min": NSIDE_MIN, "t_end": T_END, "rows": recs}))
-            (out / "adaptive.md").write_text(report(recs))
+            write_atomic(out / "adaptive.md", report(recs))
         return [rows[k] for k in sorted(rows)]
 
 
