@@ -534,22 +534,25 @@ class Solver:
         normals = self.grid.face_normals if faces is None else self.grid.face_normals[faces]
         return np.einsum("fgk,fgk->fg", v_points, normals)
 
-    def _face_velocity(self, t: float, f: np.ndarray, terms=None, faces=None) -> np.ndarray:
-        """Velocity of the local model in force (or of the local ``terms``) at the face Gauss points,
-        (F, G, d); at the faces ``faces`` alone (an index array) when given."""
+    def _face_velocity(self, t: float, f: np.ndarray, terms=None, faces=None, field=None) -> np.ndarray:
+        """Velocity of the local model in force (or of the local ``terms``, or the point-wise ``field(points)``)
+        at the face Gauss points, (F, G, d); at the faces ``faces`` alone (an index array) when given."""
         grid = self.grid
         pts = grid.face_points if faces is None else grid.face_points[faces]
         F, G, d = pts.shape
         pts = pts.reshape(-1, d)
-        if terms is None:
+        if field is not None:
+            v = field(pts)
+        elif terms is None:
             v = self._active.field(pts, t)
         else:
             v = sum(np.asarray(m.field(pts, t), float) for m in terms)
         return np.asarray(v, float).reshape(F, G, d)
 
-    def _steady_weights(self, kind: str, t: float, f: np.ndarray, terms=None) -> np.ndarray:
-        """Normal-velocity weights (F, G) of the steady local model in force (``kind`` "all") or of the steady
-        local ``terms`` of a nonlocal one ("local"), evaluated once per grid and layer. After a regrid the
+    def _steady_weights(self, kind, t: float, f: np.ndarray, terms=None, field=None) -> np.ndarray:
+        """Normal-velocity weights (F, G) of the steady local model in force (``kind`` "all"), of the steady
+        local ``terms`` of a nonlocal one ("local"), or of a steady point-wise ``field`` (the modes of
+        ``Prescribed.separable``: ``("mode", k)``), evaluated once per grid and layer. After a regrid the
         faces the new grid kept (:meth:`Grid.kept_faces`: the same points and normals, bit for bit) take their
         weights from the grid it came from, and the field is evaluated at the other faces alone: the same
         bits as evaluating it everywhere (the field is point-wise), at a few percent of the faces. Measured on
@@ -562,7 +565,7 @@ class Solver:
         old, a_old = self._carried.pop(key, (None, None))
         kept = None if old is None else self.grid.kept_faces(old)
         if kept is None:
-            a = self._normal_weights(self._face_velocity(t, f, terms))
+            a = self._normal_weights(self._face_velocity(t, f, terms, field=field))
         else:
             rows, src = kept
             a = np.empty(self.grid.face_points.shape[:2])
@@ -571,7 +574,7 @@ class Solver:
             todo[rows] = False
             new = np.flatnonzero(todo)
             if new.size:
-                a[new] = self._normal_weights(self._face_velocity(t, f, terms, faces=new), faces=new)
+                a[new] = self._normal_weights(self._face_velocity(t, f, terms, faces=new, field=field), faces=new)
         self._steady_cache[key] = a
         return a
 
@@ -823,13 +826,10 @@ class Solver:
         active = self._active
         if getattr(active, "modes", None):  # v = sum_k c_k(t) v_k: each v_k evaluated once
             key = (self._active_key, "modes")
-            if key not in self._steady_cache:
-                grid = self.grid
-                F, G, d = grid.face_points.shape
-                pts = grid.face_points.reshape(-1, d)
-                A = np.stack([self._normal_weights(active.mode_field(k, pts).reshape(F, G, d))
+            if key not in self._steady_cache:  # each mode's weights carried across a regrid (_steady_weights)
+                A = np.stack([self._steady_weights(("mode", k), t, f, field=lambda p, k=k: active.mode_field(k, p))
                               for k in range(len(active.modes))])
-                self._steady_cache[key] = (A, np.empty((F, G)))
+                self._steady_cache[key] = (A, np.empty(A.shape[1:]))
             A, a = self._steady_cache[key]
             grid = self.grid
             c = active.mode_coefficients(t)
