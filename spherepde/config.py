@@ -270,10 +270,11 @@ class GridConfig:
     Adaptive keys (defaults those of :class:`~spherepde.grids.adaptive.Refinement`): ``max_cells``
     (an error, naming it, when refinement would exceed it), ``refine`` (true; false keeps the
     ``nside_min`` cells all run), ``variation`` (0.25), ``attention`` (0.5), ``floor`` (1e-4), ``coarsen``
-    (0.25), ``buffer`` (2 rings), ``regrid_interval`` (4 CFL steps; shorter steps count as their fraction of one), ``attended`` (false: true counts the
-    attention a cell receives as well as its density), ``attended_floor`` (= ``floor``: the attention
-    density, relative to max f, from which ``attended`` counts a cell), ``attention_variation`` (0: the
-    attention criterion only where f varies by more than it over a cell's stencil), ``edge_points`` (6).
+    (0.25), ``buffer`` (2 rings), ``regrid_interval`` (4 CFL steps; shorter steps count as their fraction of
+    one), ``attended`` (false: true counts the attention a cell receives as well as its density),
+    ``attended_floor`` (= ``floor``: the attention density, relative to max f, from which ``attended`` counts a
+    cell), ``attention_variation`` (0: the attention criterion only where f varies by more than it over a
+    cell's stencil), ``edge_points`` (6).
     """
 
     type: str = "healpix"

@@ -578,7 +578,7 @@ class Solver:
         # kept for a regrid to carry (and the local terms' always, which nothing else keeps); a grid that never
         # regrids keeps the moments made from "all" and the modes' stack alone (F x G doubles less: 75 MB a mode
         # at nside 256)
-        if kind == "local" or getattr(self.grid, "regrid_interval", 0):
+        if kind == "local" or self._regrid_every:
             self._steady_cache[key] = a
         return a
 

@@ -42,7 +42,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
-from validation.records import locked, upsert, write_atomic  # noqa: E402,F401  (upsert: log_tails.py, lagrangian.py)
+from validation.records import locked, write_atomic  # noqa: E402
 #: Where the sweeps' run directories go (not committed) and where adaptive.md / adaptive.json are written.
 RUNS = HERE / "sweep_runs"
 OUT = HERE

@@ -38,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from validation.fig4_concentration import adaptive as A  # noqa: E402
+from validation.records import upsert  # noqa: E402
 
 OUT = HERE / "lagrangian.json"
 #: The field's certified bound, the study's (FIELD_TOL of fig3_density; sweeps/base.toml).
@@ -431,7 +432,7 @@ def main(argv=None):
     if a.drop_below:
         for cut in a.drop_below:
             r = continue_run(a.run, a.t0, a.t_end, a.split[0], a.dt[0], drop_below=cut)
-            A.upsert(CLUSTERS, r, lambda x: (x["run"], x["t0"], x["drop_below"], x["split"], x["dt"]))
+            upsert(CLUSTERS, r, lambda x: (x["run"], x["t0"], x["drop_below"], x["split"], x["dt"]))
             print({k: r[k] for k in ("run", "t0", "drop_below", "mass_dropped", "particles", "wall_s",
                                      "particles_readings")}, flush=True)
         write_outputs(json.loads(OUT.read_text()))
@@ -439,14 +440,14 @@ def main(argv=None):
     if a.restart_max_dt:
         for mdt in a.restart_max_dt:
             r = restart_pde(a.run, a.t0, a.t_end, mdt)
-            A.upsert(RESTARTS, r, lambda x: (x["run"], x["t0"], x["max_dt"] or 1e9))
+            upsert(RESTARTS, r, lambda x: (x["run"], x["t0"], x["max_dt"] or 1e9))
             print({k: r[k] for k in ("run", "t0", "max_dt", "steps", "wall_s", "readings")}, flush=True)
         write_outputs(json.loads(OUT.read_text()))
         return
     for split in a.split:
         for dt in a.dt:
             r = continue_run(a.run, a.t0, a.t_end, split, dt)
-            A.upsert(OUT, r, lambda x: (x["run"], x["t0"], x["split"], -x["dt"]))
+            upsert(OUT, r, lambda x: (x["run"], x["t0"], x["split"], -x["dt"]))
             print({k: r[k] for k in ("run", "t0", "split", "dt", "particles", "wall_s", "t_exit",
                                      "particles_readings", "pde_readings")}, flush=True)
     write_outputs(json.loads(OUT.read_text()))

@@ -22,6 +22,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from validation.fig4_concentration import adaptive as A  # noqa: E402
+from validation.records import upsert  # noqa: E402
 
 
 def run_level(nside_min: int, nside_max: int, beta: float = 30.0, t_end: float | None = None) -> dict:
@@ -53,7 +54,7 @@ def main(argv=None):
     out = HERE / "log_tails.json"
     for n in a.nside_min:
         r = run_level(n, a.nside_max, t_end=a.t_end)
-        A.upsert(out, r, lambda x: (x["nside_max"], x["nside_min"], x.get("t_end", A.T_END)))  # levels may run in parallel calls
+        upsert(out, r, lambda x: (x["nside_max"], x["nside_min"], x.get("t_end", A.T_END)))  # levels may run in parallel calls
         print(r, flush=True)
 
 
