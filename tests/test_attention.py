@@ -706,3 +706,43 @@ def test_auto_leaves_the_series_when_its_bound_fails_at_most_targets():
         assert fresh.mean_field(g.centers, g.centers, w)[1].method == second
         # the model itself holds no state: its stateless shortcut makes the first choice again
         assert Attention(B, V, 30.0).mean_field(g.centers, g.centers, w, return_info=True)[1].method == first
+
+
+def test_pruned_fraction_kernel_counts_what_its_numpy_twin_counts():
+    """``pruned_fraction`` counts, at 16 sample targets, the sources whose term log w_j + kappa <u, y_j> lies
+    within the gap of the largest, with a Numba kernel (``pruned_keep_counts``: two passes, no N x 16
+    temporaries) on S^2. Its NumPy twin (the expression it replaced) gives the same counts, on spread-out and
+    clustered sources with zero weights among them (LW = -inf), at kappa from 0 to 3000; and the fraction of
+    a subset of the targets (the fallback chain's) is that of the same sample targets counted afresh (the
+    sources' arrays it shares with its parent are the parent's)."""
+    import math
+
+    from spherepde.evaluation import methods as M
+    from spherepde.kernels.attention import pruned_keep_counts
+
+    rng = np.random.default_rng(3)
+    y = rng.normal(size=(50_000, 3))
+    y[:20_000] = [0.8, 0.6, 0.0] + 0.01 * y[:20_000]  # a cluster
+    y /= np.linalg.norm(y, axis=1)[:, None]
+    w = rng.random(len(y))
+    w[rng.random(len(y)) < 0.1] = 0.0
+    U = rng.normal(size=(40, 3))
+    U /= np.linalg.norm(U, axis=1)[:, None]
+    kappa = np.concatenate([[0.0], np.geomspace(1.0, 3000.0, 39)])
+    with np.errstate(divide="ignore"):
+        lw = np.log(w)
+    for tol in (1e-6, 1e-12):
+        gap = math.log(len(y) / M.BLOCK / tol) + 3.0
+        s = lw[:, None] + (y @ U.T) * kappa
+        twin = np.count_nonzero(s >= s.max(axis=0) - gap, axis=0)
+        counts = np.zeros(len(U), np.int64)
+        pruned_keep_counts(np.ascontiguousarray(y.T), lw, U, kappa, gap, counts)
+        assert np.array_equal(counts, twin)
+        assert 0 < twin.min() and twin.max() < len(y)  # the cut falls inside the sources, on both sides
+        p = M.Targets(U, U, kappa, y, w)
+        idx = np.unique(np.linspace(0, len(U) - 1, M.PRUNED_SAMPLES).astype(np.int64))
+        assert M.pruned_fraction(tol, p) == twin[idx].sum() / (len(idx) * len(y))
+        mask = np.arange(len(U)) % 3 == 0
+        sub = p.subset(mask)
+        sidx = np.nonzero(mask)[0][np.unique(np.linspace(0, mask.sum() - 1, M.PRUNED_SAMPLES).astype(np.int64))]
+        assert M.pruned_fraction(tol, sub) == twin[sidx].sum() / (len(sidx) * len(y))

@@ -105,8 +105,11 @@ class Targets:
         """The same sources, the targets where ``mask`` holds (contiguous copies)."""
         if mask.all():
             return self
-        return Targets(np.ascontiguousarray(self.x[mask]), np.ascontiguousarray(self.U[mask]),
-                       np.ascontiguousarray(self.kappa[mask]), self.y, self.w)
+        sub = Targets(np.ascontiguousarray(self.x[mask]), np.ascontiguousarray(self.U[mask]),
+                      np.ascontiguousarray(self.kappa[mask]), self.y, self.w)
+        if "_keep_sources" in self.__dict__:  # (the sources' arrays of pruned_fraction)
+            sub.__dict__["_keep_sources"] = self.__dict__["_keep_sources"]
+        return sub
 
 
 class Method:
@@ -156,9 +159,19 @@ def pruned_fraction(tol: float, p: Targets) -> float:
     if tol in memo:
         return memo[tol]
     gap = math.log(max(p.N / BLOCK, 1.0) / tol) + 3.0
+    idx = np.unique(np.linspace(0, p.M - 1, min(p.M, PRUNED_SAMPLES)).astype(np.int64))
+    if p.y.shape[1] == 3:  # the kernel (7-10x the speed of the NumPy twin below at 734k sources)
+        src = p.__dict__.get("_keep_sources")
+        if src is None:  # the sources transposed and their log weights, shared with p's subsets
+            with np.errstate(divide="ignore"):
+                src = p.__dict__["_keep_sources"] = (np.ascontiguousarray(p.y.T), np.log(p.w))
+        counts = np.zeros(len(idx), np.int64)
+        _k.pruned_keep_counts(src[0], src[1], np.ascontiguousarray(p.U[idx]), np.ascontiguousarray(p.kappa[idx]),
+                              gap, counts)
+        memo[tol] = frac = int(counts.sum()) / (len(idx) * p.N)
+        return frac
     with np.errstate(divide="ignore"):
         lw = np.log(p.w)
-    idx = np.unique(np.linspace(0, p.M - 1, min(p.M, PRUNED_SAMPLES)).astype(np.int64))
     n = 0
     step = max(1, (1 << 20) // p.N)  # samples per matrix product: at most 2^20 terms (8 MB) at once
     for j in range(0, len(idx), step):

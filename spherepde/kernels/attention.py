@@ -32,7 +32,7 @@ import numpy as np
 from .fastexp import (_LOG2E, EXP_FLOOR, Q1, Q2, Q3, Q4, Q5, Q6, Q7, Q8, Q9, Q10, SHIFTER, _f2i, _i2f, fexp,
                       fexp_floor, fexp_ftz, fma, opaque, poly10)
 
-__all__ = ["direct3", "direct3_sums", "direct_nd", "pruned", "pruned3", "sph_tail", "sph_bessel_scaled", "sph_coeffs",
+__all__ = ["direct3", "direct3_sums", "direct_nd", "pruned", "pruned3", "pruned_keep_counts", "sph_tail", "sph_bessel_scaled", "sph_coeffs",
            "sph_eval", "sph_recurrence"]
 
 # reassoc lets LLVM vectorise the reductions; no 'nnan'/'ninf' (LW holds -inf on purpose).
@@ -944,3 +944,48 @@ def sph_bessel_scaled(kap, L, ext):
     il = np.empty(L + 1)
     tail = _ibessel_scaled(kap, L, il, ext)
     return il, tail
+
+
+#: Sources per parallel chunk of :func:`pruned_keep_counts`.
+_KEEP_CHUNK = 8192
+#: No 'ninf' (LW holds -inf where a weight is 0); 'nnan' (the inputs are finite or -inf, so no term is NaN),
+#: 'nsz' and 'reassoc' let LLVM vectorise the maxima and counts over the sources.
+_FM_KEEP = {"nnan", "nsz", "reassoc"}
+
+
+@nb.njit(parallel=True, fastmath=_FM_KEEP, cache=True)
+def pruned_keep_counts(YT, LW, U, kappa, gap, counts):
+    """``counts[c]`` = the number of sources j whose term s_j = LW_j + kappa_c <y_j, u_c> lies within ``gap``
+    of the largest over j, for each sample target c (rows of ``U`` (K, 3), ``kappa`` (K,)); ``YT`` (3, N) the
+    sources (transposed), ``LW`` (N,) their log weights. The count of
+    :func:`spherepde.evaluation.methods.pruned_fraction` (its NumPy twin: ``s = LW[:, None] + (Y @ U.T) *
+    kappa``) in two passes over chunks of sources in parallel, with no temporaries (the twin's are N x 16
+    at a time: 0.13-0.16 s at 734k sources, a 183k-cell grid's 4-point rule, one thread). A count may differ
+    from the twin's only where a term lies within rounding of the cut (the sums may be formed in another
+    order)."""
+    N = YT.shape[1]
+    K = U.shape[0]
+    nch = (N + _KEEP_CHUNK - 1) // _KEEP_CHUNK
+    part = np.empty((nch, K))
+    for ch in nb.prange(nch):
+        j0, j1 = ch * _KEEP_CHUNK, min(N, (ch + 1) * _KEEP_CHUNK)
+        for c in range(K):
+            u0, u1, u2, kc = U[c, 0], U[c, 1], U[c, 2], kappa[c]
+            m = -np.inf
+            for j in range(j0, j1):
+                m = max(m, LW[j] + (YT[0, j] * u0 + YT[1, j] * u1 + YT[2, j] * u2) * kc)
+            part[ch, c] = m
+    cut = np.empty(K)
+    for c in range(K):
+        cut[c] = part[:, c].max() - gap
+    cnt = np.zeros((nch, K), np.int64)
+    for ch in nb.prange(nch):
+        j0, j1 = ch * _KEEP_CHUNK, min(N, (ch + 1) * _KEEP_CHUNK)
+        for c in range(K):
+            u0, u1, u2, kc, cc = U[c, 0], U[c, 1], U[c, 2], kappa[c], cut[c]
+            n = 0
+            for j in range(j0, j1):
+                n += LW[j] + (YT[0, j] * u0 + YT[1, j] * u1 + YT[2, j] * u2) * kc >= cc
+            cnt[ch, c] = n
+    for c in range(K):
+        counts[c] = cnt[:, c].sum()
