@@ -255,6 +255,38 @@ def test_kept_faces_are_the_faces_both_tilings_share():
     assert AdaptiveHealpixGrid(4, 16, r.uniq, edge_points=3, refinement=False).kept_faces(g) is None
 
 
+def test_a_regrid_copies_the_kept_cells_ambient_stencil_coefficients():
+    """AdaptiveHealpixGrid.stencil_coef after adapt(): the rows of the cells whose stencil and frame the regrid
+    kept are copied from the old grid's (where it made them) and the others made; the array is the one
+    made from scratch bit for bit, for a refinement and a coarsening, and a pickled grid (which does not
+    carry the old array) makes the same. Without the old grid's array nothing is copied."""
+    import pickle
+
+    from spherepde.grids.base import ambient_coef
+
+    g = AdaptiveHealpixGrid(8, 32, refinement=False)
+    flag = np.zeros(g.n_cells, bool)
+    flag[[5, 77, 300]] = True
+    r = g.adapt(refine=flag)
+    assert r._coef_from is None  # g has not made its stencil_coef
+    _ = g.stencil_coef
+    r = g.adapt(refine=flag)
+    checked = []
+    for new in (r, "coarsened"):
+        if new == "coarsened":
+            _ = r.stencil_coef
+            new = r.adapt(coarsen=r.order == 4)  # the refined cells merged back
+            assert new.n_cells < r.n_cells
+        copied = new._coef_from[2].size
+        assert 0.8 * new.n_cells < copied < new.n_cells  # most rows copied, some made
+        blob = pickle.dumps(new)
+        assert np.array_equal(new.stencil_coef, ambient_coef(new.stencil_coef_local, new.tangent_basis))
+        assert new._coef_from is None  # the old array is not held once used
+        assert np.array_equal(pickle.loads(blob).stencil_coef, new.stencil_coef)
+        checked.append(new.n_cells)
+    assert len(checked) == 2
+
+
 def test_a_regrid_evaluates_a_steady_local_field_at_its_new_faces_only(monkeypatch):
     """Solver._steady_weights: after a regrid a steady local field (here a rigid rotation given point-wise) is
     evaluated at the faces the new grid made, not at every face: the weights it carries over for the kept

@@ -51,7 +51,8 @@ from ..evaluation.methods import cap_geometry
 from ..kernels import attended as _att
 from ..kernels.fv import OUTFLOW_MARGIN
 from ._healpix_map import FACE_AREA, face_map
-from .base import Grid, incidence, least_squares_stencil, quadratic_pairs, quadratic_width, tangent_frames
+from .base import (Grid, ambient_coef, incidence, least_squares_stencil, quadratic_pairs, quadratic_width,
+                   tangent_frames)
 from .healpix import _EDGES, HealpixGrid, _set_faces, _square_rule, edge_quadrature
 
 __all__ = ["AdaptiveHealpixGrid", "Refinement", "attended_density", "nest_to_uniq", "uniq_to_nest", "transfer"]
@@ -553,10 +554,36 @@ class AdaptiveHealpixGrid(Grid):
         self.tangent_basis = tangent_frames(self.xbar)
         self.stencil_coef_local = np.empty((N, STENCIL_WIDTH, 2))
         self.stencil_coef_local[same] = _reuse.stencil_coef_local[old[same]] if same.any() else 0.0
+        # the ambient coefficients of those cells (stencil_coef), where the grid adapted from has made them:
+        # the same local rows and frames (xbar copied), so the same bits; made when first asked for
+        prev = _reuse.__dict__.get("stencil_coef") if _reuse is not None and same.any() else None
+        self._coef_from = None if prev is None else (prev, old[same], np.nonzero(same)[0])
         rows = np.nonzero(~same)[0]
         if rows.size:
             self.stencil_coef_local[rows] = least_squares_stencil(self.xbar, nbrs[rows], self.tangent_basis[rows],
                                                                   rows=rows)[0]
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_coef_from"] = None  # a pickled grid makes its stencil_coef afresh (the same bits), not from a copy
+        return state
+
+    @cached_property
+    def stencil_coef(self) -> np.ndarray:
+        """:attr:`Grid.stencil_coef`, with the rows of the cells whose stencil and frame a regrid kept copied
+        from the grid adapted from (a regrid keeps most cells: ~5 % of the nside_max 2048 transition-law
+        member's time went to remaking every row); the others made as there, row by row (the same bits)."""
+        src, self._coef_from = getattr(self, "_coef_from", None), None  # (the old array is not kept)
+        if src is None:
+            return ambient_coef(self.stencil_coef_local, self.tangent_basis)
+        prev, rows_old, rows = src
+        out = np.empty((self.n_cells,) + prev.shape[1:])
+        out[rows] = prev[rows_old]
+        rest = np.ones(self.n_cells, bool)
+        rest[rows] = False
+        if rest.any():
+            out[rest] = ambient_coef(self.stencil_coef_local[rest], self.tangent_basis[rest])
+        return out
 
     @property
     def cell_points(self) -> np.ndarray:
