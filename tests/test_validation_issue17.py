@@ -3,10 +3,12 @@ antipodal reduction equals the two-particle system, the closed-form Jacobians at
 equal the numerical ones, and the stall is left at the predicted rate (seconds: ODEs only)."""
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -1201,3 +1203,33 @@ def test_fig4_departure_of_each_t0_state_continued_exactly_on_disk():
     assert m512[16] > m512[32] * 1.10
     for n in (256, 512):
         assert min(dep(n, t0) for t0 in early) > max(own512, level) * 1.025
+
+
+def test_token_law_amplitude_of_a_sample_and_its_ensemble_prediction():
+    """validation/token_ensembles/law.py: (1) the perturbed f0's x1 x3 moment is eps / 30 and Var(x1 x3) = 1/15
+    under the uniform measure, by a product rule exact for these polynomials (Gauss-Legendre in x3 times the
+    trapezoid in the azimuth: degree <= 39), to rounding; (2) the ensemble prediction's mean and spread, the
+    law evaluated at eps_eq = 30 mean(x1 x3) of uniform samples, against a Monte Carlo of 4000 samples of 500
+    tokens: the tolerance 0.08 is 4.5 standard errors of the Monte Carlo mean (1.11 / sqrt(4000) = 0.018) plus
+    the central limit's O(1/n) (a wrong factor in eps_eq of sqrt 2 moves the mean by 0.35, a wrong
+    E log|Z| by 0.64)."""
+    from spherepde.config import perturbed_uniform
+
+    mod = C.load_study("token_ensembles")
+    law = importlib.import_module("validation.token_ensembles.law")
+    z, wz = np.polynomial.legendre.leggauss(20)
+    phi = np.arange(40) * 2 * np.pi / 40
+    Z, P = np.meshgrid(z, phi, indexing="ij")
+    r = np.sqrt(1 - Z ** 2)
+    x = np.stack([r * np.cos(P), r * np.sin(P), Z], axis=-1).reshape(-1, 3)
+    w = (wz[:, None] * np.full(40, 2 * np.pi / 40)[None, :]).ravel()
+    for eps in (0.05, 0.3):
+        m13 = np.sum(w * x[:, 0] * x[:, 2] * perturbed_uniform(x, eps))
+        assert abs(law.EQUIV * m13 - eps) < 1e-13
+    assert abs(np.sum(w * (x[:, 0] * x[:, 2]) ** 2) / (4 * np.pi) - law.VAR13) < 1e-14
+
+    rng = np.random.default_rng(7)
+    a, b, n = 4.86, 1.0, 500
+    t = np.array([a + b * np.log(1 / abs(law.eps_equivalent(mod.sample_uniform(n, 3, rng=rng)))) for _ in range(4000)])
+    mean, sd = law.ensemble_prediction(n, a, b)
+    assert abs(t.mean() - mean) < 0.08 and abs(t.std() - sd) < 0.08, (t.mean(), mean, t.std(), sd)

@@ -1,0 +1,283 @@
+"""The density-level transition law against the token ensembles (issue #17 items 3 and 4).
+
+The adaptive density-level runs (``validation/transition_law``) give the exit from E as t_exit = a(beta) +
+b log(1 / eps) for the perturbed f0 = (1 + eps (x1 x2 + x2 + x3 x1 / 2)) / (4 pi), converged over decades of
+eps at beta = 3, 10, 30 and 100 (b = 1 / tanh(beta); at beta 100 a = 4.86 from eps = 0.2, 0.05 and 1e-2).
+Does that law predict when n tokens leave E, with no parameter fitted to the tokens?
+
+Which amplitude a token sample carries. The exit is the growth of the clusters' tilt from +-e1 towards +-e3
+(the Oja flow of -V, rate 1: ``validation/cluster_dynamics``). A tilt of the antipodal pair is odd under
+x1 -> -x1 and under x3 -> -x3 and even under x2 -> -x2; the dynamics keeps these reflection symmetries, so
+only a perturbation in that symmetry class seeds it. Of f0's perturbation only the term eps x3 x1 / 2 lies in
+it (x2 and x1 x2 are odd in x2, and no product of them is odd in x3), and it is the one that sets the
+density-level exit. Its size is the moment int x1 x3 f0 = (eps / 2) int x1^2 x3^2 / (4 pi) = eps / 30
+(E[x1^2 x3^2] = 1/15 under the uniform measure). A sample of n uniform tokens has the moment
+m13 = mean(x1 x3), so its equivalent amplitude is
+
+    eps_eq = 30 m13,   m13 ~ N(0, 1 / (15 n)) (central limit: Var(x1 x3) = 1/15),
+
+and the law predicts each run's exit as t = a + b log(1 / |eps_eq|). Over seeds, with eps_eq =
+(30 / sqrt(15 n)) Z and Z standard normal: mean t_exit = a + b (log(sqrt(15 n) / 30) + (gamma + log 2) / 2)
+and standard deviation b pi / (2 sqrt 2) = 1.11 b, whatever n (E log|Z| = -(gamma + log 2) / 2,
+Var log|Z| = pi^2 / 8). The sample also has l >= 4 harmonics of the same class, which the law's single
+mode does not see; how much they matter shows in how well each run's own m13 predicts its exit.
+
+Reads each beta's law from ``validation/transition_law/adaptive*.json`` (with Figure 4's ladder), at beta 100
+the ensembles' statistics from ``results.json`` (the study's runs to T = 30, n = 1e5 included), and each run
+from ``runs/`` (computed there by ``run.py``'s ``one_run`` where missing: seconds a run at n <= 1000, minutes
+at 1e4; at other beta to T = 20, the exits only). Writes ``law.md``, ``law.json`` and ``law.png``.
+
+Usage: python validation/token_ensembles/law.py [--beta 100 30 ...] [--ns 200 1000 10000] [--seeds 20]
+[--seeds-large K] [--t-end T] (each beta's section of law.json is replaced, the others kept)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from spherepde import sample_uniform  # noqa: E402
+
+#: eps of the perturbed f0 per unit of the moment int x1 x3 f: int x1 x3 (eps x3 x1 / 2) / (4 pi) = eps / 30
+EQUIV = 30.0
+#: Var(x1 x3) under the uniform measure on S^2 (= E[x1^2 x3^2])
+VAR13 = 1.0 / 15.0
+#: -E log|Z| and the standard deviation of log|Z| for Z standard normal
+MEAN_NEG_LOG_ABS_Z = (np.euler_gamma + math.log(2.0)) / 2.0
+STD_LOG_ABS_Z = math.pi / (2.0 * math.sqrt(2.0))
+
+
+def eps_equivalent(x) -> float:
+    """The perturbed f0's amplitude with the sample's x1 x3 moment: 30 mean(x1 x3) (signed)."""
+    x = np.asarray(x, float)
+    return float(EQUIV * np.mean(x[:, 0] * x[:, 2]))
+
+
+def eps_hemisphere(x) -> float:
+    """Another functional with the same value on the perturbed f0: 16 mean(sign(x1) x3), the e3 tilt of each
+    x1-hemisphere (int sign(x1) x3 (eps x3 x1 / 2) / (4 pi) = (eps / 2) E|x1| x3^2 = eps / 16). It weighs the
+    sample's l >= 4 harmonics of the class too; shown beside the prediction, not used by it."""
+    x = np.asarray(x, float)
+    return float(16.0 * np.mean(np.sign(x[:, 0]) * x[:, 2]))
+
+
+def ensemble_prediction(n: int, a: float, b: float) -> tuple[float, float]:
+    """(mean, standard deviation) of t_exit over uniform samples of n tokens that the law a + b log(1 / |eps|)
+    predicts with eps = 30 m13 ~ N(0, 900 / (15 n))."""
+    return (a + b * (math.log(math.sqrt(n / VAR13) / EQUIV) + MEAN_NEG_LOG_ABS_Z), b * STD_LOG_ABS_Z)
+
+
+def density_law(beta: float = 100.0):
+    """(a, b, anchor text, the converged exits [(eps, t, nside_max)], the anchor's among them) at ``beta`` from
+    the transition-law study (``adaptive{suffix}.json``) and Figure 4's ladder."""
+    from validation.transition_law import adaptive as TL
+
+    rows = json.loads((HERE.parent / "transition_law" / f"adaptive{TL.suffix(beta)}.json").read_text())["rows"]
+    law = TL._law(beta, rows)
+    if law is None:
+        raise SystemExit(f"the transition law at beta {beta:g} has no converged anchor (transition_law)")
+    a, b, eps0, t0, _, anchor = law
+    conv = dict(TL.converged(rows))
+    conv.setdefault(eps0, (t0, anchor["nside_max"]))  # the anchor: Figure 4's converged exit at eps 0.05
+    conv = sorted((e, t, n) for e, (t, n) in conv.items())
+    return a, b, f"eps {eps0:g}: t_exit {t0:.4f} (nside_max {anchor['nside_max']}, {anchor['source']})", conv
+
+
+def density_law_ef(beta: float):
+    """(a, b) of the least-squares t_EF = a + b log(1 / eps) over the converged t_EF at eps <= 0.05 (as
+    ``transition_law/adaptive_betas.md`` fits it), or None where fewer than two have converged."""
+    from validation.transition_law import adaptive as TL
+
+    rows = json.loads((HERE.parent / "transition_law" / f"adaptive{TL.suffix(beta)}.json").read_text())["rows"]
+    small = [(e, v, n) for e, (v, n) in TL.converged(rows, "t_EF").items() if e <= 0.05]
+    return TL._fit(small)[:2] if len(small) >= 2 else None
+
+
+def _stats(ts) -> dict:
+    ts = np.array([t for t in ts if np.isfinite(t)])
+    return {"count": int(ts.size), "mean": float(ts.mean()), "std": float(ts.std(ddof=1))} if ts.size >= 2 else \
+        {"count": int(ts.size)}
+
+
+def one_beta(beta: float, ns, seeds: int, seeds_large: int, t_end: float) -> dict:
+    """The law at ``beta`` against token runs at ``ns`` (per seed), and against the ensembles of ``results.json``
+    at the study's beta (100)."""
+    from validation.token_ensembles.run import BETA, one_run
+
+    a, b, anchor, conv = density_law(beta)
+    runs = []
+    for n in ns:
+        for s in range(seeds if n < 10_000 else seeds_large):
+            x0 = sample_uniform(n, 3, rng=np.random.default_rng(s))  # one_run's draw
+            r = one_run(n, s, t_end, HERE / "runs", beta=beta)
+            e = eps_equivalent(x0)
+            runs.append({"n": n, "seed": s, "eps_eq": e, "eps_hemi": eps_hemisphere(x0), "t_exit": r["t_exit"],
+                         "t_EF": r["t_EF"], "predicted": a + b * math.log(1.0 / abs(e))})
+            print(f"beta {beta:g}, n {n} seed {s}: eps_eq {e:+.4f}, t_exit {r['t_exit']:.3f}, "
+                  f"law {runs[-1]['predicted']:.3f}", flush=True)
+    if beta == BETA:  # every ensemble of the study, the n = 1e5 one included
+        stats = [(p["n"], p["seeds"], p["t_exit"]) for p in json.loads((HERE / "results.json").read_text())["per_n"]]
+    else:
+        stats = [(n, sum(r["n"] == n for r in runs), _stats([r["t_exit"] for r in runs if r["n"] == n])) for n in ns]
+    per_n = []
+    for n, k, st in stats:
+        m, sd = ensemble_prediction(n, a, b)
+        if st.get("count", 0) >= 2:
+            per_n.append({"n": n, "seeds": k, "exits": st["count"], "mean": st["mean"], "std": st["std"],
+                          "law_mean": m, "law_std": sd, "sem": st["std"] / math.sqrt(st["count"])})
+    per_seed = []
+    for n in ns:
+        rs = [r for r in runs if r["n"] == n and np.isfinite(r["t_exit"])]
+        if len(rs) < 3:
+            continue
+        X = np.array([math.log(1.0 / abs(r["eps_eq"])) for r in rs])
+        Y = np.array([r["t_exit"] for r in rs])
+        P = np.array([r["predicted"] for r in rs])
+        slope, icpt = np.polyfit(X, Y, 1)
+        e = np.abs([r["eps_eq"] for r in rs])
+        H = np.array([math.log(1.0 / abs(r["eps_hemi"])) for r in rs])
+        per_seed.append({"n": n, "runs": len(rs), "of": sum(r["n"] == n for r in runs),
+                         "corr": float(np.corrcoef(X, Y)[0, 1]), "slope": float(slope), "intercept": float(icpt),
+                         "rms_law": float(np.sqrt(np.mean((Y - P) ** 2))), "mean_law_error": float(np.mean(Y - P)),
+                         "std": float(np.std(Y)), "eps_eq_range": [float(e.min()), float(e.max())],
+                         "corr_hemi": float(np.corrcoef(H, Y)[0, 1]),
+                         "rms_hemi": float(np.sqrt(np.mean((Y - a - b * H) ** 2)))})
+    ef = density_law_ef(beta)
+    per_n_ef = []
+    for n in ns:
+        rs = [r for r in runs if r["n"] == n]
+        tef = np.array([r["t_EF"] for r in rs])
+        stage = np.array([r["t_EF"] - r["t_exit"] for r in rs])
+        ok = np.isfinite(tef)
+        if ok.sum() >= 2:
+            per_n_ef.append({"n": n, "runs": len(rs), "reached": int(ok.sum()), "mean": float(tef[ok].mean()),
+                             "std": float(tef[ok].std(ddof=1)), "stage2_mean": float(stage[ok].mean()),
+                             "stage2_std": float(stage[ok].std(ddof=1)),
+                             "law_mean": None if ef is None else ensemble_prediction(n, *ef)[0]})
+    return {"beta": beta, "T": t_end, "law": {"a": a, "b": b, "anchor": anchor, "converged": conv,
+                                               "t_EF": None if ef is None else list(ef)},
+            "per_n": per_n, "per_seed": per_seed, "runs": runs, "per_n_t_EF": per_n_ef}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--beta", type=float, nargs="+", default=[100.0],
+                    help="the betas (each needs its converged law in validation/transition_law)")
+    ap.add_argument("--ns", type=int, nargs="+", default=[200, 1000])
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--seeds-large", type=int, default=20, help="seeds at n >= 1e4 (minutes a run)")
+    ap.add_argument("--t-end", type=float, default=None,
+                    help="the runs' T (default: the study's 30 at beta 100, 20 at other beta: the exits only)")
+    args = ap.parse_args(argv)
+    from validation.token_ensembles.run import BETA, DT, T_END
+
+    path = HERE / "law.json"
+    old = json.loads(path.read_text()) if path.exists() else {"betas": []}
+    done = {float(r["beta"]): r for r in old.get("betas", [])}
+    for beta in args.beta:
+        t_end = args.t_end or (T_END if beta == BETA else 20.0)
+        done[float(beta)] = one_beta(float(beta), args.ns, args.seeds, args.seeds_large, t_end)
+    out = {"dt": DT, "betas": [done[k] for k in sorted(done)]}
+    path.write_text(json.dumps(out, indent=1))
+    write_md(out)
+    figure(out)
+    print((HERE / "law.md").read_text())
+    return 0
+
+
+def write_md(out):
+    L = ["# The density-level transition law against the token ensembles (validation/token_ensembles/law.py)", "",
+         f"Algorithm 1 (Euler, dt {out['dt']:g}), the paper matrices, n uniform tokens (seed s), against the converged "
+         "density-level law t_exit = a + b log(1 / eps) of the perturbed f0 at the same beta (`validation/transition_law`). "
+         "A sample carries eps_eq = 30 mean(x1 x3) (the perturbed f0's x1 x3 moment is eps / 30), ~ N(0, 60 / n): "
+         "the law predicts each run's exit from its own initial tokens, and over seeds a mean a + b (log(sqrt(15 n) / 30) "
+         "+ 0.635) and a standard deviation 1.11 b. Nothing is fitted to the tokens. The last column puts the "
+         "hemisphere tilt 16 mean(sign(x1) x3) (the same value on the perturbed f0, more of the sample's l >= 4 "
+         "harmonics) in place of eps_eq, for comparison.", ""]
+    for r in out["betas"]:
+        law = r["law"]
+        L += [f"## beta {r['beta']:g} (runs to T = {r['T']:g})", "",
+              f"Law: a = {law['a']:.3f} (anchored at {law['anchor']}), b = 1 / tanh(beta) = {law['b']:.3f}; converged "
+              "density-level exits " + ", ".join(f"eps {e:g}: {t:.2f} (nside_max {n})" for e, t, n in law["converged"])
+              + ".", "",
+              "| n | seeds (exits) | tokens: mean t_exit +- std (standard error) | law: mean +- std | tokens - law "
+              "(standard errors) |", "|---|---|---|---|---|"]
+        for p in r["per_n"]:
+            d = p["mean"] - p["law_mean"]
+            L.append(f"| {p['n']} | {p['seeds']} ({p['exits']}) | {p['mean']:.2f} +- {p['std']:.2f} ({p['sem']:.2f}) | "
+                     f"{p['law_mean']:.2f} +- {p['law_std']:.2f} | {d:+.2f} ({d / p['sem']:+.1f}) |")
+        if r["per_seed"]:
+            L += ["", "Each run against the law from its own sample:", "",
+                  "| n | runs with an exit | |eps_eq| range | corr(t_exit, log 1/|eps_eq|) | fitted slope (law: b) | "
+                  "fitted intercept (law: a) | rms (t_exit - law) | mean (t_exit - law) | std of t_exit | "
+                  "hemisphere tilt instead: corr, rms |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+            for q in r["per_seed"]:
+                L.append(f"| {q['n']} | {q['runs']} of {q['of']} | {q['eps_eq_range'][0]:.3g} - {q['eps_eq_range'][1]:.3g} | "
+                         f"{q['corr']:.3f} | {q['slope']:.3f} | {q['intercept']:.3f} | {q['rms_law']:.3f} | "
+                         f"{q['mean_law_error']:+.3f} | {q['std']:.3f} | {q['corr_hemi']:.2f}, {q['rms_hemi']:.2f} |")
+        if r.get("per_n_t_EF"):
+            ef = law.get("t_EF")
+            L += ["", "t_EF (the runs' own; the law's mean with the same eps_eq where the density-level t_EF law exists: "
+                  + ("none at this beta" if ef is None else f"t_EF = {ef[0]:.2f} + {ef[1]:.2f} log(1 / eps)") + "):", "",
+                  "| n | reached F by T | tokens: mean t_EF +- std | law with eps_eq: mean | t_EF - t_exit: mean +- std |",
+                  "|---|---|---|---|---|"]
+            for p in r["per_n_t_EF"]:
+                lm = "-" if p["law_mean"] is None else f"{p['law_mean']:.2f}"
+                L.append(f"| {p['n']} | {p['reached']} of {p['runs']} | {p['mean']:.2f} +- {p['std']:.2f} | {lm} | "
+                         f"{p['stage2_mean']:.2f} +- {p['stage2_std']:.2f} |")
+        L.append("")
+    (HERE / "law.md").write_text("\n".join(L))
+
+
+def figure(out):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(11.5, 4.4))
+    marks = {200: "o", 1000: "s", 10000: "^", 100000: "D"}
+    for i, r in enumerate(out["betas"]):
+        a, col = r["law"]["a"], f"C{i}"
+        for n in sorted({q["n"] for q in r["runs"]}):
+            rs = [q for q in r["runs"] if q["n"] == n]
+            ax[0].plot([math.log(1 / abs(q["eps_eq"])) for q in rs], [q["t_exit"] - a for q in rs], marks.get(n, "x"),
+                       ms=3.5, color=col, alpha=0.8, label=f"beta {r['beta']:g}, n = {n}")
+        ax[0].plot([math.log(1 / e) for e, _, _ in r["law"]["converged"]], [t - a for _, t, _ in r["law"]["converged"]],
+                   "*", color=col, ms=10, mec="k", mew=0.5)
+        ns = [p["n"] for p in r["per_n"]]
+        ax[1].errorbar(np.array(ns) * (1 + 0.06 * i), [p["mean"] - a for p in r["per_n"]],
+                       yerr=[p["sem"] for p in r["per_n"]], fmt="o", color=col, capsize=3,
+                       label=f"beta {r['beta']:g} (a = {a:.2f})")
+    xs = np.linspace(-0.5, 10, 50)
+    ax[0].plot(xs, xs, "k-", lw=1, label="law (b = 1)")
+    ax[0].set_xlabel("log(1 / |eps_eq|),  eps_eq = 30 mean(x1 x3) of the initial tokens")
+    ax[0].set_ylabel("t_exit - a(beta)")
+    ax[0].set_title("each run (stars: converged density-level exits)", fontsize=9)
+    ax[0].legend(fontsize=6.5, ncol=2)
+    nn = np.geomspace(150, 1.5e5, 50)
+    m = np.array([ensemble_prediction(int(v), 0.0, 1.0)[0] for v in nn])
+    sd = ensemble_prediction(100, 0.0, 1.0)[1]
+    ax[1].plot(nn, m, "k-", lw=1, label="law: mean (b = 1)")
+    ax[1].fill_between(nn, m - sd, m + sd, color="k", alpha=0.08, label="law: +- std of one run")
+    ax[1].set_xscale("log")
+    ax[1].set_xlabel("tokens n")
+    ax[1].set_ylabel("mean t_exit - a(beta)  (+- standard error)")
+    ax[1].set_title("ensemble means", fontsize=9)
+    ax[1].legend(fontsize=7)
+    fig.suptitle("Token exits from E against the density-level law a(beta) + b log(1/eps) (nothing fitted to the "
+                 "tokens)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(HERE / "law.png", dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
