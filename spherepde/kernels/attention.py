@@ -32,8 +32,8 @@ import numpy as np
 from .fastexp import (_LOG2E, EXP_FLOOR, Q1, Q2, Q3, Q4, Q5, Q6, Q7, Q8, Q9, Q10, SHIFTER, _f2i, _i2f, fexp,
                       fexp_floor, fexp_ftz, fma, opaque, poly10)
 
-__all__ = ["direct3", "direct3_sums", "direct_nd", "pruned", "pruned3", "pruned_keep_counts", "sph_tail", "sph_bessel_scaled", "sph_coeffs",
-           "sph_eval", "sph_recurrence"]
+__all__ = ["direct3", "direct3_sums", "direct_nd", "pruned", "pruned3", "pruned_keep_counts", "sph_tail",
+           "sph_bessel_scaled", "sph_coeffs", "sph_eval", "sph_recurrence"]
 
 # reassoc lets LLVM vectorise the reductions; no 'nnan'/'ninf' (LW holds -inf on purpose).
 _FM = {"reassoc", "contract", "nsz", "arcp"}
