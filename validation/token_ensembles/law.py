@@ -74,12 +74,17 @@ def ensemble_prediction(n: int, a: float, b: float) -> tuple[float, float]:
     return (a + b * (math.log(math.sqrt(n / VAR13) / EQUIV) + MEAN_NEG_LOG_ABS_Z), b * STD_LOG_ABS_Z)
 
 
+def _law_rows(beta: float):
+    """The transition-law study's rows at ``beta`` (``adaptive{suffix}.json``), and its module."""
+    from validation.transition_law import adaptive as TL
+
+    return json.loads((HERE.parent / "transition_law" / f"adaptive{TL.suffix(beta)}.json").read_text())["rows"], TL
+
+
 def density_law(beta: float = 100.0):
     """(a, b, anchor text, the converged exits [(eps, t, nside_max)], the anchor's among them) at ``beta`` from
     the transition-law study (``adaptive{suffix}.json``) and Figure 4's ladder."""
-    from validation.transition_law import adaptive as TL
-
-    rows = json.loads((HERE.parent / "transition_law" / f"adaptive{TL.suffix(beta)}.json").read_text())["rows"]
+    rows, TL = _law_rows(beta)
     law = TL._law(beta, rows)
     if law is None:
         raise SystemExit(f"the transition law at beta {beta:g} has no converged anchor (transition_law)")
@@ -93,23 +98,15 @@ def density_law(beta: float = 100.0):
 def density_law_ef(beta: float):
     """(a, b) of the least-squares t_EF = a + b log(1 / eps) over the converged t_EF at eps <= 0.05 (as
     ``transition_law/adaptive_betas.md`` fits it), or None where fewer than two have converged."""
-    from validation.transition_law import adaptive as TL
-
-    rows = json.loads((HERE.parent / "transition_law" / f"adaptive{TL.suffix(beta)}.json").read_text())["rows"]
+    rows, TL = _law_rows(beta)
     small = [(e, v, n) for e, (v, n) in TL.converged(rows, "t_EF").items() if e <= 0.05]
     return TL._fit(small)[:2] if len(small) >= 2 else None
-
-
-def _stats(ts) -> dict:
-    ts = np.array([t for t in ts if np.isfinite(t)])
-    return {"count": int(ts.size), "mean": float(ts.mean()), "std": float(ts.std(ddof=1))} if ts.size >= 2 else \
-        {"count": int(ts.size)}
 
 
 def one_beta(beta: float, ns, seeds: int, seeds_large: int, t_end: float) -> dict:
     """The law at ``beta`` against token runs at ``ns`` (per seed), and against the ensembles of ``results.json``
     at the study's beta (100)."""
-    from validation.token_ensembles.run import BETA, one_run
+    from validation.token_ensembles.run import BETA, _stats, one_run
 
     a, b, anchor, conv = density_law(beta)
     runs = []
@@ -153,13 +150,11 @@ def one_beta(beta: float, ns, seeds: int, seeds_large: int, t_end: float) -> dic
     per_n_ef = []
     for n in ns:
         rs = [r for r in runs if r["n"] == n]
-        tef = np.array([r["t_EF"] for r in rs])
-        stage = np.array([r["t_EF"] - r["t_exit"] for r in rs])
-        ok = np.isfinite(tef)
-        if ok.sum() >= 2:
-            per_n_ef.append({"n": n, "runs": len(rs), "reached": int(ok.sum()), "mean": float(tef[ok].mean()),
-                             "std": float(tef[ok].std(ddof=1)), "stage2_mean": float(stage[ok].mean()),
-                             "stage2_std": float(stage[ok].std(ddof=1)),
+        tef = _stats([r["t_EF"] for r in rs])
+        stage = _stats([r["t_EF"] - r["t_exit"] for r in rs])  # NaN where F is not reached
+        if tef["count"] >= 2:
+            per_n_ef.append({"n": n, "runs": len(rs), "reached": tef["count"], "mean": tef["mean"], "std": tef["std"],
+                             "stage2_mean": stage["mean"], "stage2_std": stage["std"],
                              "law_mean": None if ef is None else ensemble_prediction(n, *ef)[0]})
     return {"beta": beta, "T": t_end, "law": {"a": a, "b": b, "anchor": anchor, "converged": conv,
                                                "t_EF": None if ef is None else list(ef)},
@@ -176,18 +171,19 @@ def main(argv=None):
     ap.add_argument("--t-end", type=float, default=None,
                     help="the runs' T (default: the study's 30 at beta 100, 20 at other beta: the exits only)")
     args = ap.parse_args(argv)
+    from validation.records import locked, write_atomic
     from validation.token_ensembles.run import BETA, DT, T_END
 
+    new = {float(beta): one_beta(float(beta), args.ns, args.seeds, args.seeds_large,
+                                 args.t_end or (T_END if beta == BETA else 20.0)) for beta in args.beta}
     path = HERE / "law.json"
-    old = json.loads(path.read_text()) if path.exists() else {"betas": []}
-    done = {float(r["beta"]): r for r in old.get("betas", [])}
-    for beta in args.beta:
-        t_end = args.t_end or (T_END if beta == BETA else 20.0)
-        done[float(beta)] = one_beta(float(beta), args.ns, args.seeds, args.seeds_large, t_end)
-    out = {"dt": DT, "betas": [done[k] for k in sorted(done)]}
-    path.write_text(json.dumps(out, indent=1))
-    write_md(out)
-    figure(out)
+    with locked(path):  # calls for other beta may run at once: each keeps the others' sections
+        old = json.loads(path.read_text()) if path.exists() else {}
+        done = {float(r["beta"]): r for r in old.get("betas", [])} | new
+        out = {"dt": DT, "betas": [done[k] for k in sorted(done)]}
+        write_atomic(path, json.dumps(out, indent=1))
+        write_md(out)
+        figure(out)
     print((HERE / "law.md").read_text())
     return 0
 
