@@ -1021,8 +1021,8 @@ def transfer(f, source: AdaptiveHealpixGrid, target: AdaptiveHealpixGrid, quadra
         out[kids[same]] = cols[parent[same]]
         kids, parent = kids[~same], parent[~same]
         if kids.size:
-            # the gradient (and the stencil bounds below) of the refined source cells only: the same per-row
-            # arithmetic as Grid.stencil_coef, without building it for the whole source grid at every regrid
+            # the gradient (and the stencil bounds below) of the refined source cells only: Grid.stencil_coef's
+            # rows (ambient_coef), without building it for the whole source grid at every regrid
             up = _unique(parent)
             a = target.areas[kids]
             xc = np.zeros((source.n_cells, 3))
@@ -1045,7 +1045,7 @@ def transfer(f, source: AdaptiveHealpixGrid, target: AdaptiveHealpixGrid, quadra
                 qbar[area_p > 0] /= area_p[area_p > 0, None]
                 basis_k = np.concatenate([lin, q - qbar[parent]], axis=1)  # (n, L + Q)
             else:
-                coef = np.einsum("nst,ntd->nsd", source.stencil_coef_local[up], source.tangent_basis[up])
+                coef = ambient_coef(source.stencil_coef_local[up], source.tangent_basis[up])
             for j in range(cols.shape[1]):
                 c = cols[:, j]
                 if quadratic:
