@@ -2,7 +2,7 @@
 atomic write, so that parallel calls (one member each) neither lose each other's rows nor leave half a file.
 
 ``fig4_concentration/adaptive.py`` (and ``log_tails.py`` and ``lagrangian.py`` through it) and
-``adaptive_clusters/run.py`` keep their JSON records with these.
+``adaptive_clusters/run.py`` and ``token_ensembles/law.py`` keep their JSON records with these.
 """
 from __future__ import annotations
 
