@@ -591,16 +591,20 @@ class ResultsWriter:
         Keep the first ``resume`` saved frames of the existing file (a checkpoint's count): they are
         verified against their checksums and copied into a new file; frames written after that
         checkpoint are dropped and recomputed.
+    continues : str, optional
+        With ``resume``: the configuration JSON of the run this one continues to a later t_end
+        (:func:`spherepde.runner.run_experiment`), accepted in the existing file besides ``config``'s own.
     """
 
-    def __init__(self, path, config, grid, options=None, model=None, resume: int | None = None):
+    def __init__(self, path, config, grid, options=None, model=None, resume: int | None = None,
+                 continues: str | None = None):
         self.path = Path(path)
         self.n_cells = grid.n_cells
         self.dim = int(grid.dim)
         self.ragged = _adapts(grid)  # cells per saved state: append() takes each state's grid
         kept = None
         if resume is not None:
-            kept = self._frames_to_keep(config, int(resume))
+            kept = self._frames_to_keep(config, int(resume), continues)
         # A new file (temporary + os.replace), also on resume: the verified frames are copied into it, so
         # a resumed run never writes into a file whose other parts may be damaged (a torn group header
         # made the next write fail; found by the fault matrix), and an older format is upgraded.
@@ -618,14 +622,14 @@ class ResultsWriter:
         os.replace(tmp, self.path)
         self.h = h5py.File(self.path, "a")
 
-    def _frames_to_keep(self, config, n: int) -> dict:
+    def _frames_to_keep(self, config, n: int, continues: str | None = None) -> dict:
         """{dataset: its first ``n`` frames} of the existing file (time, density, checksums; in the ragged
         layout cell_count and the cells of those frames), verified; ValueError (a DamagedFileError where a
         checksum fails) when they cannot be kept."""
         _, js = _config_text_json(config)
         try:
             with h5py.File(self.path, "r") as h:
-                if js and h["config"].attrs.get("json", "") != js:
+                if js and h["config"].attrs.get("json", "") not in (js, continues):
                     raise ValueError(f"{self.path} holds the results of another configuration")
                 if int(h.attrs.get("format_version", 1)) < 2:
                     raise ValueError(f"{self.path} is of results format version 1 (no checksums)")

@@ -21,7 +21,9 @@ A results directory holds::
 Why resuming is exact: the solver's whole state (time, density, step count, diagnostics so far, the
 field history of ``field_interval``) is restored with ``Solver.set_state``; the step sequence depends on
 nothing else, and the runner drives it with the same ``advance(save_time)`` calls either way. Frames
-that the killed run wrote after its last checkpoint are dropped and recomputed identically.
+that the killed run wrote after its last checkpoint are dropped and recomputed identically. For the same
+reason a finished run continues to a later ``time.t_end`` (the configuration otherwise unchanged) from its
+final checkpoint, with the result of a run straight to the later time.
 """
 from __future__ import annotations
 
@@ -158,7 +160,10 @@ def run_experiment(config, output, *, restart: bool = False, progress: bool = Fa
     config : ExperimentConfig or path
     output : path
         Results directory (created). If it holds a checkpoint of the same configuration the run resumes;
-        if that run is complete, the stored result is returned without recomputing.
+        if that run is complete, the stored result is returned without recomputing. A configuration that
+        differs from the stored run's only by a later ``time.t_end`` (its save times beginning with all of
+        the stored run's) continues that run, complete or not, from its checkpoint: the frames already
+        saved are kept, and the result is the one a run straight to the later t_end gives, bit for bit.
     restart : bool
         Ignore (and overwrite) an existing run in ``output``.
     progress : bool
@@ -204,6 +209,24 @@ def _same_config(stored, current: str, out: Path) -> bool:
     return same
 
 
+def _extended(stored, cfg: ExperimentConfig) -> float | None:
+    """The t_end of the run a checkpoint was written for (its configuration's JSON, ``stored``) when ``cfg``
+    continues it: the same configuration but for a later ``time.t_end``, whose save times begin with all of
+    that run's (so its saved frames are this run's first ones); None otherwise. The solver steps to each save
+    time in turn and never looks further ahead, so the state at the earlier t_end, which is a save time of
+    both, is the one an uninterrupted run to the later t_end reaches there."""
+    try:
+        old = parse_config(json.loads(stored))
+    except (ConfigError, ValueError, TypeError):
+        return None
+    a, b = old.to_dict(), cfg.to_dict()
+    t_old, t_new = a["time"].pop("t_end"), b["time"].pop("t_end")
+    if a != b or not t_new > t_old:
+        return None
+    s_old, s_new = old.save_times(), cfg.save_times()
+    return float(t_old) if len(s_old) <= len(s_new) and np.array_equal(s_new[:len(s_old)], s_old) else None
+
+
 def _run_locked(cfg, out: Path, restart, progress, figures, stop_after_steps):
     """:func:`run_experiment` once the directory is checked and locked."""
     from .solver import Solver
@@ -219,8 +242,14 @@ def _run_locked(cfg, out: Path, restart, progress, figures, stop_after_steps):
             state = extra = None
             log.warning("unreadable checkpoint %s (%s): starting over", ck_path, exc)
         if extra is not None and not _same_config(extra.get("config_json"), cfg_json, out):
-            raise RunnerError(f"{out} holds a run of a different configuration; use another --output or "
-                              "--restart to overwrite it")
+            extends = _extended(extra.get("config_json"), cfg)
+            if extends is None:
+                raise RunnerError(f"{out} holds a run of a different configuration; use another --output or "
+                                  "--restart to overwrite it (a run continues only to a later time.t_end with "
+                                  "the rest of the configuration unchanged and its save times among the new ones)")
+            log.info("%s: continuing its run from t_end = %g to %g", out, extends, cfg.time.t_end)
+            extra["done"] = 0
+            extra["continues"] = extra.get("config_json")
         if extra is not None and extra.get("done"):
             try:
                 result = _io.load(res_path)
@@ -251,7 +280,8 @@ def _run_locked(cfg, out: Path, restart, progress, figures, stop_after_steps):
     if state is not None:
         try:
             _check_state(state, t_end, save, int(extra["n_saved"]))
-            writer = _io.ResultsWriter(res_path, cfg, solver.grid, options, model, resume=int(extra["n_saved"]))
+            writer = _io.ResultsWriter(res_path, cfg, solver.grid, options, model, resume=int(extra["n_saved"]),
+                                       continues=extra.get("continues"))
             solver.set_state(state)
             n_saved = int(extra["n_saved"])
             wall_before = float(extra.get("wall_time", 0.0))

@@ -289,3 +289,79 @@ def test_a_replaced_config_records_what_it_computed(tmp_path):
     bad = replace(src, grid=replace(src.grid, nside=0))
     with pytest.raises(ConfigError, match="grid.nside"):
         run_experiment(bad, tmp_path / "bad", figures=False)
+
+
+def _attention_cfg(t_end: float, field_interval: int = 3, extra: str = ""):
+    """An attention run with a field history (the state a continuation has to carry), nside 4."""
+    text = TOML.replace('type = "zero_temperature"', 'type = "attention"\nbeta = 5.0').replace(
+        "nside = 8", "nside = 4").replace("t_end = 8.0", f"t_end = {t_end}").replace(
+        "save_every = 1.0", "save_every = 0.5" + extra).replace(
+        "[output]", f"[scheme]\nfield_interval = {field_interval}\n[output]")
+    cfg = parse_config(text)
+    return replace(cfg, output=replace(cfg.output, checkpoint_every=1e9))
+
+
+def _counting_steps(monkeypatch) -> list:
+    """Count the solver steps taken from now on (a continuation takes only the new ones)."""
+    from spherepde.solver import Solver
+
+    taken, step = [], Solver.step
+
+    def counted(self, *a, **k):
+        taken.append(1)
+        return step(self, *a, **k)
+
+    monkeypatch.setattr(Solver, "step", counted)
+    return taken
+
+
+def test_a_finished_run_continues_to_a_later_t_end_bit_for_bit(tmp_path, monkeypatch):
+    """A complete run to t_end = 1 asked again with t_end = 2 (nothing else changed) continues from its
+    final checkpoint: its two saved frames are kept, and the result is the run straight to 2, bit for bit
+    (times, densities, step count, diagnostics). Continued once more to 2.5 it is again the straight run's.
+    A continuation that would fail to carry the field history or the controller's state would differ in
+    the step count or the densities."""
+    out = tmp_path / "c"
+    first = run_experiment(_attention_cfg(1.0), out, figures=False)
+    assert first.times[-1] == 1.0 and io.read_checkpoint(out / CHECKPOINT_NAME)[1]["done"]
+    taken = _counting_steps(monkeypatch)
+    res = run_experiment(_attention_cfg(2.0), out, figures=False)
+    assert len(taken) == res.n_steps - first.n_steps > 0  # continued, not recomputed
+    assert_identical(res, reference(_attention_cfg(2.0)))
+    assert np.array_equal(res.density[:len(first.times)], first.density)
+    assert res.metadata["config"].time.t_end == 2.0 and res.metadata["complete"]
+    assert_identical(run_experiment(_attention_cfg(2.5), out, figures=False), reference(_attention_cfg(2.5)))
+    # asked again at 2.5: complete, loaded, not recomputed
+    mtime = (out / RESULTS_NAME).stat().st_mtime_ns
+    run_experiment(_attention_cfg(2.5), out, figures=False)
+    assert (out / RESULTS_NAME).stat().st_mtime_ns == mtime
+
+
+def test_a_stopped_run_continues_to_a_later_t_end_bit_for_bit(tmp_path, monkeypatch):
+    """Stopped inside a save interval (mid field history) and resumed with a later t_end: the straight run."""
+    out = tmp_path / "s"
+    assert run_experiment(_attention_cfg(1.0), out, figures=False, stop_after_steps=7) is None
+    state, extra = io.read_checkpoint(out / CHECKPOINT_NAME)
+    assert not extra["done"] and 0 < state["t"] < 1.0 and len(state["history"]) >= 1
+    taken = _counting_steps(monkeypatch)
+    res = run_experiment(_attention_cfg(1.5), out, figures=False)
+    assert len(taken) == res.n_steps - 7
+    assert_identical(res, reference(_attention_cfg(1.5)))
+
+
+def test_a_continuation_is_refused_unless_only_a_later_t_end_differs(tmp_path):
+    """Refused, naming what continues: an earlier t_end; a later t_end with another key changed too; a later
+    t_end whose save times do not begin with the stored run's (save at 0 and t_end only: the stored frame at
+    the old t_end is not a save time of the new run)."""
+    out = tmp_path / "r"
+    run_experiment(_attention_cfg(1.0), out, figures=False)
+    for other in (_attention_cfg(0.5), _attention_cfg(2.0, field_interval=4)):
+        with pytest.raises(RunnerError, match="later time.t_end"):
+            run_experiment(other, out, figures=False)
+    ends = tmp_path / "e"
+    cfg = _attention_cfg(1.0)
+    run_experiment(replace(cfg, time=replace(cfg.time, save_every=None)), ends, figures=False)
+    with pytest.raises(RunnerError, match="later time.t_end"):
+        run_experiment(replace(cfg, time=replace(cfg.time, t_end=2.0, save_every=None)), ends, figures=False)
+    # the refused runs left the stored one as it was: asked again, it is complete and loaded
+    assert run_experiment(_attention_cfg(1.0), out, figures=False).times[-1] == 1.0
