@@ -5,6 +5,7 @@ Commands
 spherepde run EXPERIMENT.toml|EXAMPLE [--output DIR] [--restart] [--no-figures]
     Run an experiment (resumes from DIR's checkpoint when there is one of the same configuration).
 spherepde sweep SWEEP.toml [--output DIR] [--workers N | --scheduler ADDRESS] [--restart] [--check]
+                [--continue-from DIR ...]
     Run a sweep (ensembles, parameter scans) on Dask; rerun to resume. See spherepde.sweeps.
 spherepde plot RESULTS.h5 [--output DIR] [--kinds maps diagnostics ...]
     Figures (and ``--fits``) from a results file, without re-running.
@@ -70,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--scheduler", help="address of a running Dask scheduler, e.g. tcp://10.0.0.1:8786")
     sw.add_argument("--restart", action="store_true", help="rerun every member from the start")
     sw.add_argument("--figures", action="store_true", help="per-member figures")
+    sw.add_argument("--continue-from", nargs="+", metavar="DIR",
+                    help="sweep directories whose members this sweep's continue to a later time.t_end (their "
+                         "runs copied in and run on; the rest of each configuration unchanged)")
     sw.add_argument("--check", action="store_true", help="validate the sweep and every member's configuration, "
                     "list the members and exit")
 
@@ -138,7 +142,8 @@ def _cmd_sweep(args) -> int:
         raise _UsageError(f"--workers: got {args.workers}; allowed: an integer >= 1")
     out = Path(args.output) if args.output else Path("output") / spec.name
     ds = sweep(spec, out, workers=args.workers, scheduler=args.scheduler, progress=not args.quiet,
-               restart=args.restart, figures=True if args.figures else None, quiet=args.quiet)
+               restart=args.restart, figures=True if args.figures else None, quiet=args.quiet,
+               continue_from=args.continue_from)
     n_failed = int((ds["status"] != "done").sum())
     log.info("sweep dataset: %s", out / "sweep.nc")
     return 1 if n_failed else 0

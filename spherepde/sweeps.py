@@ -645,8 +645,47 @@ def _member_dir(out: Path, m: Member) -> Path:
     return out / "members" / m.dirname
 
 
+def _continue_members(todo, out: Path, sources) -> int:
+    """Copy into each member of ``todo`` that has no run of its own the run of a member of the sweep
+    directories ``sources`` that it continues (the same configuration but for an earlier ``time.t_end``:
+    :func:`spherepde.runner.run_experiment`), so that it goes on from there; the number copied. The results
+    file goes first and the checkpoint last, by a rename: a copy cut short leaves no checkpoint, and the
+    member then starts over."""
+    import shutil
+
+    from . import io as _io
+    from .runner import CHECKPOINT_NAME, RESULTS_NAME, _extended
+
+    runs = []  # (the directory, its configuration's JSON) of every member with a checkpoint
+    for src in ([sources] if isinstance(sources, (str, os.PathLike)) else sources):
+        if not (Path(src) / "members").is_dir():
+            raise ValueError(f"continue_from: {src} is not a sweep directory (no members/ in it)")
+        for d in sorted((Path(src) / "members").iterdir()):
+            if (d / CHECKPOINT_NAME).is_file() and (d / RESULTS_NAME).is_file():
+                try:
+                    runs.append((d, _io.read_checkpoint(d / CHECKPOINT_NAME)[1].get("config_json")))
+                except Exception as exc:  # an unreadable checkpoint continues nothing
+                    log.warning("continue_from: %s skipped (%s)", d, exc)
+    n = 0
+    for m in todo:
+        d = _member_dir(out, m)
+        if (d / CHECKPOINT_NAME).exists():
+            continue  # its own run resumes
+        for src, stored in runs:
+            if stored and _extended(stored, m.config) is not None:
+                d.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src / RESULTS_NAME, d / RESULTS_NAME)
+                shutil.copy2(src / CHECKPOINT_NAME, d / (CHECKPOINT_NAME + ".part"))
+                os.replace(d / (CHECKPOINT_NAME + ".part"), d / CHECKPOINT_NAME)
+                log.info("sweep member %s continues %s", d.name, src)
+                n += 1
+                break
+    return n
+
+
 def sweep(spec, output=None, *, workers: int | None = None, scheduler=None, threads: int | None = None,
-          progress: bool = True, restart: bool = False, figures: bool | None = None, quiet: bool = False):
+          progress: bool = True, restart: bool = False, figures: bool | None = None, quiet: bool = False,
+          continue_from=None):
     """Run a sweep on Dask and return its dataset; rerun the same call to resume it.
 
     Parameters
@@ -673,6 +712,11 @@ def sweep(spec, output=None, *, workers: int | None = None, scheduler=None, thre
         Per-member figures (default: the spec's ``sweep.figures``, false).
     quiet : bool
         No dashboard address or summary table on stderr.
+    continue_from : path or list of paths, optional
+        Sweep directories whose members this sweep's continue: a member without a run of its own whose
+        configuration is one of theirs with a later ``time.t_end`` starts from that member's checkpoint and
+        saved frames (copied; those directories are left as they are) and runs on from its t_end, as
+        :func:`spherepde.runner.run_experiment` continues a run: the result is a straight run's, bit for bit.
 
     Returns
     -------
@@ -703,6 +747,7 @@ def sweep(spec, output=None, *, workers: int | None = None, scheduler=None, thre
             skipped += 1
         else:
             todo.append(m)
+    n_continued = _continue_members(todo, out, continue_from) if continue_from is not None and todo else 0
     t0 = time.perf_counter()
     def say(text):
         if not quiet:
@@ -714,7 +759,8 @@ def sweep(spec, output=None, *, workers: int | None = None, scheduler=None, thre
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
         with _client(workers, scheduler, threads, len(todo)) as (client, threads):
-            say(f"sweep {spec.name}: {len(members)} members ({skipped} finished before), "
+            say(f"sweep {spec.name}: {len(members)} members ({skipped} finished before"
+                + (f", {n_continued} continuing runs of {continue_from}" if n_continued else "") + "), "
                 f"{len(client.scheduler_info(n_workers=-1)['workers'])} Dask workers; dashboard {client.dashboard_link}")
             futures = {}
             for m in todo:
