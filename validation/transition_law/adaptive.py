@@ -10,6 +10,7 @@ t_EF, the final alignments, the cells (at most and at T), the share of the mass 
 at T and the wall time, beside the uniform rows of ``results.json``.
 
 Usage: python validation/transition_law/adaptive.py [--nside-max 64 128] [--eps 1e-3 1e-4] [--beta 10] [--report-only]
+[--t-end 35 --continue-from-t-end 12]
 (writes adaptive.md and adaptive.json beside this file, keeping the rows of the (level, eps) pairs not run;
 run directories in sweep_runs/transition_law_adaptive*, not committed). ``--beta``: the same setting at another
 beta, in sweeps and files of its own (adaptive_beta10.md, .json, adaptive_law_beta10.png); its law is anchored at
@@ -108,6 +109,11 @@ def spec(nside_max=NSIDE_MAX[0], eps=None, beta=None, nside_min=None, rtol=None,
                         "axes": {"initial.eps": eps}}, base_dir=HERE)
 
 
+def _t_end(sp_) -> float:
+    """The members' T of a sweep of :func:`spec`."""
+    return float(sp_.overrides.get("time.t_end", sp_.base["time"]["t_end"]))
+
+
 def main(argv=None):
     import argparse
 
@@ -128,6 +134,9 @@ def main(argv=None):
     ap.add_argument("--rtol", type=float, default=None,
                     help="the error control's tolerance other than its default 1e-3: a step-size ladder of its own "
                          "(adaptive_beta10_rtol1e-04.md)")
+    ap.add_argument("--continue-from-t-end", type=float, default=None, metavar="T0",
+                    help="continue the members of the same levels and amplitudes run to T0 (their sweeps' runs "
+                         "copied and run on to --t-end: the result of a straight run, without its early collapse)")
     a = ap.parse_args(argv)
     beta = study_beta() if a.beta is None else float(a.beta)
     if a.nside_min is None:
@@ -144,7 +153,12 @@ def main(argv=None):
         out = HERE / "sweep_runs" / sp_.name
         # the sweep's dataset has each member's alignment series, t_exit, t_EF and cell counts already
         # (spherepde.sweeps.member_record); the results file is read for the last state and the mass
-        ds = sweep(sp_, out, quiet=True, progress=False)
+        earlier = None
+        if a.continue_from_t_end is not None:  # T0 = the study's own T: its sweep, named without a _T suffix
+            own = spec(nmax, a.eps, beta, a.nside_min, a.rtol)
+            t0 = None if a.continue_from_t_end == _t_end(own) else a.continue_from_t_end
+            earlier = HERE / "sweep_runs" / spec(nmax, a.eps, beta, a.nside_min, a.rtol, t0).name
+        ds = sweep(sp_, out, quiet=True, progress=False, continue_from=earlier)
         for eps in ds["eps"].values:
             m = ds.sel(eps=eps)
             if str(m["status"].values) != "done":
@@ -163,7 +177,7 @@ def main(argv=None):
                          "cells_max": int(m["n_cells"].max()), "cells_T": int(m["n_cells"][-1]),
                          "top_two_share": float(np.sort(mass)[-2:].sum() / mass.sum()),
                          "steps": int(m["n_steps"]), "wall_s": float(m["wall_time"]),
-                         "t_end": float(sp_.overrides.get("time.t_end", sp_.base["time"]["t_end"])),
+                         "t_end": _t_end(sp_),
                          "mass_drift": float(abs(d["mass"][-1] / d["mass"][0] - 1)), "min": float(np.min(d["min"]))})
     # the levels not run now keep their rows (each level is a sweep of its own; a level's run directories
     # need not be on this machine)
