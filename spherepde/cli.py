@@ -3,10 +3,11 @@
 Commands
 --------
 spherepde run EXPERIMENT.toml|EXAMPLE [--output DIR] [--restart] [--no-figures]
-    Run an experiment (resumes from DIR's checkpoint when there is one of the same configuration).
-spherepde sweep SWEEP.toml [--output DIR] [--workers N | --scheduler ADDRESS] [--restart] [--check]
-                [--continue-from DIR ...]
-    Run a sweep (ensembles, parameter scans) on Dask; rerun to resume. See spherepde.sweeps.
+    Run an experiment (resumes from DIR's checkpoint when there is one of the same configuration, and
+    continues it when only a later time.t_end differs).
+spherepde sweep SWEEP.toml [--output DIR] [--workers N | --scheduler ADDRESS] [--restart] [--check] [--continue-from DIR]
+    Run a sweep (ensembles, parameter scans) on Dask; rerun to resume; ``--continue-from`` another sweep's
+    directory runs its members on to a later t_end. See spherepde.sweeps.
 spherepde plot RESULTS.h5 [--output DIR] [--kinds maps diagnostics ...]
     Figures (and ``--fits``) from a results file, without re-running.
 spherepde validate [STUDY] [--quick] [--list]
