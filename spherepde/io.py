@@ -65,7 +65,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "DamagedFileError", "ResultsWriter", "WriteError", "check_frames", "load", "load_config_of",
+__all__ = ["FORMAT", "FORMAT_VERSION", "DamagedFileError", "ResultsWriter", "WriteError", "check_frames", "checkpoint_config_json",
+           "load", "load_config_of",
            "read_checkpoint", "save_result", "versions", "write_checkpoint", "write_fits"]
 
 log = logging.getLogger(__name__)
@@ -985,6 +986,14 @@ def _history_means(group, i: int):
         ms.append(group[f"means{i}_{j}"][()])
         j += 1
     return ms or None
+
+
+def checkpoint_config_json(path):
+    """The configuration JSON a checkpoint was written for (its ``extra`` ``config_json``; None if it has none),
+    without reading or verifying its state: :func:`read_checkpoint` does that when the run resumes."""
+    with h5py.File(path, "r") as h:
+        js = h.attrs.get("extra_config_json")
+    return None if js is None else str(js)
 
 
 def read_checkpoint(path):

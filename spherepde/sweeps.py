@@ -662,8 +662,8 @@ def _continue_members(todo, out: Path, sources) -> int:
             raise ValueError(f"continue_from: {src} is not a sweep directory (no members/ in it)")
         for d in sorted((Path(src) / "members").iterdir()):
             if (d / CHECKPOINT_NAME).is_file() and (d / RESULTS_NAME).is_file():
-                try:
-                    runs.append((d, _io.read_checkpoint(d / CHECKPOINT_NAME)[1].get("config_json")))
+                try:  # (its state is read and verified by the run that continues it)
+                    runs.append((d, _io.checkpoint_config_json(d / CHECKPOINT_NAME)))
                 except Exception as exc:  # an unreadable checkpoint continues nothing
                     log.warning("continue_from: %s skipped (%s)", d, exc)
     n = 0

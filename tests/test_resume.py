@@ -301,21 +301,7 @@ def _attention_cfg(t_end: float, field_interval: int = 3, extra: str = ""):
     return replace(cfg, output=replace(cfg.output, checkpoint_every=1e9))
 
 
-def _counting_steps(monkeypatch) -> list:
-    """Count the solver steps taken from now on (a continuation takes only the new ones)."""
-    from spherepde.solver import Solver
-
-    taken, step = [], Solver.step
-
-    def counted(self, *a, **k):
-        taken.append(1)
-        return step(self, *a, **k)
-
-    monkeypatch.setattr(Solver, "step", counted)
-    return taken
-
-
-def test_a_finished_run_continues_to_a_later_t_end_bit_for_bit(tmp_path, monkeypatch):
+def test_a_finished_run_continues_to_a_later_t_end_bit_for_bit(tmp_path, request):
     """A complete run to t_end = 1 asked again with t_end = 2 (nothing else changed) continues from its
     final checkpoint: its two saved frames are kept, and the result is the run straight to 2, bit for bit
     (times, densities, step count, diagnostics). Continued once more to 2.5 it is again the straight run's.
@@ -324,7 +310,7 @@ def test_a_finished_run_continues_to_a_later_t_end_bit_for_bit(tmp_path, monkeyp
     out = tmp_path / "c"
     first = run_experiment(_attention_cfg(1.0), out, figures=False)
     assert first.times[-1] == 1.0 and io.read_checkpoint(out / CHECKPOINT_NAME)[1]["done"]
-    taken = _counting_steps(monkeypatch)
+    taken = request.getfixturevalue("steps_taken")  # counted from here: the first run's steps are not
     res = run_experiment(_attention_cfg(2.0), out, figures=False)
     assert len(taken) == res.n_steps - first.n_steps > 0  # continued, not recomputed
     assert_identical(res, reference(_attention_cfg(2.0)))
@@ -337,13 +323,13 @@ def test_a_finished_run_continues_to_a_later_t_end_bit_for_bit(tmp_path, monkeyp
     assert (out / RESULTS_NAME).stat().st_mtime_ns == mtime
 
 
-def test_a_stopped_run_continues_to_a_later_t_end_bit_for_bit(tmp_path, monkeypatch):
+def test_a_stopped_run_continues_to_a_later_t_end_bit_for_bit(tmp_path, request):
     """Stopped inside a save interval (mid field history) and resumed with a later t_end: the straight run."""
     out = tmp_path / "s"
     assert run_experiment(_attention_cfg(1.0), out, figures=False, stop_after_steps=7) is None
     state, extra = io.read_checkpoint(out / CHECKPOINT_NAME)
     assert not extra["done"] and 0 < state["t"] < 1.0 and len(state["history"]) >= 1
-    taken = _counting_steps(monkeypatch)
+    taken = request.getfixturevalue("steps_taken")
     res = run_experiment(_attention_cfg(1.5), out, figures=False)
     assert len(taken) == res.n_steps - 7
     assert_identical(res, reference(_attention_cfg(1.5)))
