@@ -303,6 +303,11 @@ def test_fig4_adaptive_attention_variation_and_t_end_are_ladders_and_sweeps_of_t
     ch = A.changes(av)
     assert ch[1]["t_end"] == 12.0 and A.verdict(ch[1]).endswith("reached by T = 12 at neither level")
     assert ch[0]["t_end"] == A.T_END
+    # neither level leaves E by T (beta 1000): the verdict is the plateau's alone, and says why
+    none = A.changes([rec(128, 0.25, t_exit=None), dict(rec(256, 0.25, t_exit=None), plateau_w2=0.0205)])[0]
+    assert A.verdict(none) == "the plateau: yes; t_exit and t_EF: reached by T = 30 at neither level"
+    far = A.changes([rec(128, 0.25, t_exit=None), dict(rec(256, 0.25, t_exit=None), plateau_w2=0.03)])[0]
+    assert A.verdict(far).startswith("the plateau: no;")
     assert A._t_end_note(av[2]) == " (T = 12)" and A._t_end_note(av[1]) == ""
     assert A.refinement_name(*A.refinement_of(av[0])) == "attended, attention where f varies > 0.25"
     assert A.refinement_of({"beta": 30.0, "nside_max": 64}) == (False, None, 0.0)  # records from before

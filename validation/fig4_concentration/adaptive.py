@@ -245,6 +245,7 @@ def changes(recs: list[dict], by: str = "nside_max") -> list[dict]:
         for q in BAR:
             row[q] = _rel(a[q], b[q])
         row["t_EF_none_both"] = a["t_EF"] is None and b["t_EF"] is None
+        row["t_exit_none_both"] = a["t_exit"] is None and b["t_exit"] is None
         row["t_end"] = min(a.get("t_end", T_END), b.get("t_end", T_END))  # t_EF is known "none" up to this T
         ta, tb = terminal(a), terminal(b)
         for q in ("t_depart", "drift"):
@@ -256,14 +257,19 @@ def changes(recs: list[dict], by: str = "nside_max") -> list[dict]:
 
 def verdict(c: dict) -> str:
     """Whether a pair of levels meets the bar: t_exit and the plateau within it, and t_EF within it (or,
-    said as such, reached by T at neither level, or at one only)."""
+    said as such, reached by T at neither level, or at one only). Where neither level leaves E by T (beta 1000),
+    the plateau alone is measured and the verdict says so."""
+    T = f"{c.get('t_end', T_END):g}"
+    if c.get("t_exit_none_both"):
+        ok = c["plateau_w2"] is not None and c["plateau_w2"] <= BAR["plateau_w2"]
+        return f"the plateau: {'yes' if ok else 'no'}; t_exit and t_EF: reached by T = {T} at neither level"
     within = [q for q in ("t_exit", "plateau_w2") if c[q] is not None and c[q] <= BAR[q]]
     if len(within) < 2:
         return "no"
     if c["t_EF"] is not None:
         return "yes" if c["t_EF"] <= BAR["t_EF"] else "t_exit and the plateau: yes; t_EF: no"
     if c["t_EF_none_both"]:
-        return f"t_exit and the plateau: yes; t_EF: reached by T = {c.get('t_end', T_END):g} at neither level"
+        return f"t_exit and the plateau: yes; t_EF: reached by T = {T} at neither level"
     return "t_exit and the plateau: yes; t_EF: no (reached by T at one level only)"
 
 
