@@ -471,6 +471,54 @@ _VP_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _VP_SHARED: "collections.OrderedDict" = collections.OrderedDict()
 
 
+#: V_p cell averages of adaptive HEALPix cells by their NUNIQ, per (E, p): the cells of an adaptive run's saved
+#: states are mostly the same from one state to the next (a regrid changes a few percent of them), and a cell's
+#: average depends on that cell alone, so each is integrated once (:func:`_adaptive_cell_averages`). Before, every
+#: state's grid was a new one and paid for all its cells: 1.7 s a state at 13k cells, 200-400 s of a sweep member's
+#: post-processing at beta 300 (121 states), as long as the run itself. The last 2 (E, p) are kept, each with at
+#: most _VP_CELLS_MAX cells (beyond it the store starts again).
+_VP_CELLS: "collections.OrderedDict" = collections.OrderedDict()
+_VP_CELLS_MAX = 4_000_000
+
+
+class _CellSubset:
+    """The listed cells of an adaptive HEALPix grid, as :class:`_Edges` and :func:`_axial_cell_integrals` read a
+    grid (each cell's own face square; no tiling needed)."""
+
+    def __init__(self, grid, cells):
+        self._face, self._x0, self._y0, self._h = (grid._face[cells], grid._x0[cells], grid._y0[cells],
+                                                   grid._h[cells])
+        self.centers = grid.centers[cells]
+        self.areas = grid.areas[cells]
+        self.n_cells = len(cells)
+
+
+def _adaptive_cell_averages(grid, key, a, H) -> np.ndarray:
+    """The V_p cell averages of an adaptive grid's cells, the ones not met before integrated now (in NUNIQ order,
+    so that the same cells give the same bits whatever was asked before) and stored by NUNIQ."""
+    uniq = np.asarray(grid.uniq, np.int64)
+    known, vals = _VP_CELLS.pop(key, (np.empty(0, np.int64), np.empty(0)))
+    _VP_CELLS[key] = (known, vals)
+    while len(_VP_CELLS) > 2:
+        _VP_CELLS.popitem(last=False)
+    pos = np.minimum(np.searchsorted(known, uniq), max(len(known) - 1, 0))
+    hit = (known[pos] == uniq) if len(known) else np.zeros(len(uniq), bool)
+    miss = np.flatnonzero(~hit)
+    if len(miss):
+        miss = miss[np.argsort(uniq[miss], kind="stable")]
+        sub = _CellSubset(grid, miss)
+        integ, _ = _axial_cell_integrals(sub, a, H)
+        new_u, new_v = uniq[miss], integ / sub.areas
+        if len(known) + len(new_u) > _VP_CELLS_MAX:  # start the store again from these cells
+            known, vals = known[:0], vals[:0]
+        allu = np.concatenate([known, new_u])
+        order = np.argsort(allu, kind="stable")
+        known, vals = allu[order], np.concatenate([vals, new_v])[order]
+        _VP_CELLS[key] = (known, vals)
+        pos = np.searchsorted(known, uniq)
+    return vals[pos].copy()
+
+
 def _vp_cache_for(grid) -> dict:
     nside = getattr(grid, "nside", None)
     if nside is None or type(grid).__name__ != "HealpixGrid":
@@ -562,6 +610,21 @@ def _edges_of(grid) -> _Edges:
     return d["edges"]
 
 
+def _dot3(X, a) -> np.ndarray:
+    """<X, a> over the last axis (length 3), element by element: the same bits for a point whatever else is in
+    the array (a BLAS product sums the rows of a block and its remainder in different orders)."""
+    return X[..., 0] * a[0] + X[..., 1] * a[1] + X[..., 2] * a[2]
+
+
+def _wsum(v, w) -> np.ndarray:
+    """sum_j v[..., j] w[j] in the order of j, element by element (as :func:`_dot3`: a quadrature sum that does
+    not depend on which other edges share the batch, so a cell's V_p average is the same bits on every grid)."""
+    acc = v[..., 0] * w[0]
+    for j in range(1, len(w)):
+        acc = acc + v[..., j] * w[j]
+    return acc
+
+
 def _axial_cell_integrals(grid, a, H, chunk: int = 16384):
     """int_{C_i} phi(<a, x>) dA for every cell, where H(u, s) = H(u) - s H(1) for the antiderivative H of
     phi with H(0) = 0 (s in {-1, 0, 1}; s = +-1 is only asked for u of that sign) and phi is smooth except
@@ -577,12 +640,12 @@ def _axial_cell_integrals(grid, a, H, chunk: int = 16384):
     for s0 in range(0, nE, 4 * chunk):
         e = np.arange(s0, min(s0 + 4 * chunk, nE))
         X = ed.points(e, np.broadcast_to(ts, (len(e), len(ts))))
-        u[e] = X @ a
+        u[e] = _dot3(X, a)
         ell[e] = np.linalg.norm(np.diff(X, axis=1), axis=2)
     u[np.abs(u) < _U_ZERO] = 0.0
     cu = u.reshape(N, -1)
     meets = (cu.min(axis=1) <= 0.0) & (cu.max(axis=1) >= 0.0)
-    side = np.where(meets, 0.0, np.sign(grid.centers @ a))
+    side = np.where(meets, 0.0, np.sign(_dot3(grid.centers, a)))
     s_edge = np.repeat(side, 4)
     # Sub-intervals that pass within _NEAR edge lengths of a branch point of the integrand: the circle
     # u = 0 (where H ~ |u|^{1-2p}) or a pole u = +-1 (where 1 - u^2 -> 0). Plain Gauss loses accuracy there
@@ -601,23 +664,23 @@ def _axial_cell_integrals(grid, a, H, chunk: int = 16384):
 
     def integrand(e, tau, s):
         X, dX = ed.points(e, tau, jac=True)
-        uu = X @ a
+        uu = _dot3(X, a)
         uu = np.where(np.abs(uu) < _U_ZERO, 0.0, uu)
         one_m = (1.0 - uu) * (1.0 + uu)
-        num = np.einsum("...k,k->...", np.cross(dX, X), a)
+        num = _dot3(np.cross(dX, X), a)
         with np.errstate(divide="ignore", invalid="ignore"):
             val = H(uu, s[:, None]) * num / one_m
         return np.where(one_m > 0, val, 0.0)
 
     def u_at(e, tau):
-        return (ed.points(e, tau[:, None]) @ a)[:, 0]
+        return _dot3(ed.points(e, tau[:, None]), a)[:, 0]
 
     # plain edges: one Gauss rule per edge
     g16, w16 = _gauss01(_N_PLAIN)
     plain = np.flatnonzero(~flagged)
     for s0 in range(0, len(plain), 4 * chunk):
         e = plain[s0:s0 + 4 * chunk]
-        v = integrand(e, np.broadcast_to(g16, (len(e), _N_PLAIN)), s_edge[e]) @ w16
+        v = _wsum(integrand(e, np.broadcast_to(g16, (len(e), _N_PLAIN)), s_edge[e]), w16)
         np.add.at(out, e // 4, v)
     fe = np.flatnonzero(flagged)
     if len(fe) == 0:
@@ -670,7 +733,7 @@ def _axial_cell_integrals(grid, a, H, chunk: int = 16384):
         sl = slice(s0, s0 + 4 * chunk)
         e, aa, bb = sub_e[sl], sub_a[sl], sub_b[sl]
         tau = aa[:, None] + (bb - aa)[:, None] * gs[None, :]
-        v = (integrand(e, tau, s_edge[e]) @ ws) * np.abs(bb - aa)
+        v = _wsum(integrand(e, tau, s_edge[e]), ws) * np.abs(bb - aa)
         np.add.at(out, e // 4, v)
     return out, meets
 
@@ -740,6 +803,8 @@ def vp_cell_averages(grid, E, p: float) -> np.ndarray:
             if len(ok):
                 full = grid.cell_average(wfun, order=8)
                 avg[ok] = full[ok]
+        elif type(grid).__name__ == "AdaptiveHealpixGrid":  # each cell once across an adaptive run's grids
+            avg = _adaptive_cell_averages(grid, key, a, _vp_profile(k, p))
         else:
             integ, _ = _axial_cell_integrals(grid, a, _vp_profile(k, p))
             avg = integ / grid.areas

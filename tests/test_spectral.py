@@ -288,3 +288,35 @@ def test_vp_grid_path_on_adaptive_cells(p):
     w = g.areas / g.areas.sum()
     vp = lyapunov_vp(g.centers, w, E, p, grid=g)
     assert abs(vp / _vp_uniform_exact(p) - 1) < 1e-12
+
+
+def test_vp_adaptive_cells_integrated_once_across_grids(monkeypatch):
+    """An adaptive run's saved states share most of their cells: V_p's cell averages are stored by NUNIQ and
+    each cell is integrated once (a regridded tiling integrates only the cells it made), with the same bits
+    as integrating the whole tiling at once, whatever was asked before (the edge quadrature sums element by
+    element, so a cell's value does not depend on the batch it was integrated in)."""
+    from spherepde import spectral
+    from spherepde.grids.adaptive import AdaptiveHealpixGrid
+
+    E = spectral_data(B_PAPER, V_PAPER).E
+    a = spectral.as_basis(E, 3)[0]
+    H = spectral._vp_profile(1, 0.25)
+    g1 = AdaptiveHealpixGrid(4, 32, refinement=False).refined_where(lambda gr: np.abs(gr.centers[:, 0]) < 0.2)
+    g2 = g1.adapt(refine=np.abs(g1.centers[:, 2] - 0.5) < 0.15)  # a second tiling sharing most cells
+    kept = g2.kept_cells(g1)
+    assert 0 < (~kept).sum() < 0.5 * g2.n_cells
+    whole = [spectral._axial_cell_integrals(g, a, H)[0] / g.areas for g in (g1, g2)]  # the direct path
+    monkeypatch.setattr(spectral, "_VP_CELLS", spectral.collections.OrderedDict())
+    counted = []
+    real = spectral._axial_cell_integrals
+    monkeypatch.setattr(spectral, "_axial_cell_integrals",
+                        lambda grid, *args: (counted.append(grid.n_cells), real(grid, *args))[1])
+    v2 = spectral.vp_cell_averages(g2, E, 0.25)  # g2 first: g1's average then needs g1's coarse cells only
+    v1 = spectral.vp_cell_averages(g1, E, 0.25)
+    assert counted == [g2.n_cells, int((~g1.kept_cells(g2)).sum())]
+    assert np.array_equal(v1, whole[0]) and np.array_equal(v2, whole[1])
+    g3 = AdaptiveHealpixGrid(4, 32, g2.uniq[::-1].copy(), refinement=False)  # a new grid of the same cells
+    assert g3 is not g2 and len(counted) == 2
+    v3 = spectral.vp_cell_averages(g3, E, 0.25)
+    pos = np.searchsorted(np.sort(g2.uniq), g3.uniq)
+    assert np.array_equal(v3, whole[1][np.argsort(g2.uniq)][pos]) and len(counted) == 2  # nothing integrated again
