@@ -1254,3 +1254,45 @@ def test_token_law_amplitude_of_a_sample_and_its_ensemble_prediction():
     t = np.array([a + b * np.log(1 / abs(law.eps_equivalent(mod.sample_uniform(n, 3, rng=rng)))) for _ in range(4000)])
     mean, sd = law.ensemble_prediction(n, a, b)
     assert abs(t.mean() - mean) < 0.08 and abs(t.std() - sd) < 0.08, (t.mean(), mean, t.std(), sd)
+
+
+def test_transition_law_beta300_on_disk_and_its_tokens(tmp_path):
+    """adaptive_beta300.json and token_ensembles/law.json at beta 300 (transition_law/README.md, "At beta 300"):
+    the exit is not the two-cluster law's. eps 0.5 converges (last step <= 2 %) at 15.9, within 5 % of Figure 4's
+    converged eps 0.05 exit (16.43): a slope over the decade below 0.3 where the law has 1, and adaptive_betas.md
+    leaves beta 300 out of a(beta) for it. Smaller eps come down level by level (eps 1e-3: every level below the
+    last); after its departure from E every member joins one curve of align E against t (the stall's drift), so
+    that at T = 30 every row's align E lies within 0.01 of the others'. The tokens (n = 200 and 1000) keep the
+    slope and sit at the intercept that a(beta) extrapolated along log(beta) from beta 30 and 100 gives (within
+    0.3), more than 7 below the density law's a(300). Every row to T = 30, mass to 1e-14, f >= 0."""
+    import json
+    import math
+
+    from validation.fig4_concentration.adaptive import BAR
+    from validation.transition_law import adaptive as mod
+
+    rows = json.loads((mod.HERE / "adaptive_beta300.json").read_text())["rows"]
+    assert all(r["t_end"] == 30.0 and r["mass_drift"] <= 1e-14 and r["min"] >= 0.0 for r in rows)
+    a, b, eps0, t0, beta, anchor = mod._law(300.0, rows)
+    assert (eps0, anchor["source"], anchor["nside_max"]) == (0.05, "fig4", 1024) and abs(t0 - 16.43) < 0.01
+    by = {e: {r["nside_max"]: r for r in rows if r["eps"] == e} for e in {r["eps"] for r in rows}}
+    conv = mod.converged(rows)
+    t5 = conv[0.5][0]
+    assert mod._step(by[0.5][64]["t_exit"], by[0.5][128]["t_exit"]) <= BAR["t_exit"]
+    assert abs(t5 / t0 - 1) <= 0.05 and (t0 - t5) / math.log(0.5 / 0.05) < 0.3
+    e3 = [by[1e-3][n]["t_exit"] for n in sorted(by[1e-3])]
+    assert len(e3) >= 3 and all(x > y for x, y in zip(e3, e3[1:]))
+    assert all(r["t_depart"] < r["t_exit"] for r in rows)
+    final_E = [r["final_align"][0] for r in rows]
+    assert max(final_E) - min(final_E) <= 0.01
+    text = "\n".join(mod.write_betas(path=tmp_path / "adaptive_betas.md"))
+    assert "beta 300 is left out of a(beta)" in text and "from beta 30 to 100" in text and "to 300:" not in text
+
+    law = json.loads((mod.HERE.parent / "token_ensembles" / "law.json").read_text())
+    got = {r["beta"]: r["law"]["a"] for r in law["betas"]}
+    tok = next(r for r in law["betas"] if r["beta"] == 300.0)
+    extrap = got[100.0] + (got[100.0] - got[30.0]) / math.log(100 / 30) * math.log(3.0)
+    for q in tok["per_seed"]:
+        icpt = tok["law"]["a"] + q["mean_law_error"]
+        assert abs(icpt - extrap) <= 0.3 and tok["law"]["a"] - icpt > 7.0, (q["n"], icpt, extrap)
+        assert 0.3 < q["slope"] < 1.5  # the tokens' exits grow with log(1 / |eps_eq|)

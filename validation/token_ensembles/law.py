@@ -188,6 +188,37 @@ def main(argv=None):
     return 0
 
 
+#: What a beta's comparison shows beyond its tables (measured; the numbers are those of the tables above them).
+NOTES = {
+    300.0: "**At beta 300 the density-level exit is not the two-cluster law's, and the tokens do not follow it.** "
+           "On the density the pair departs from E on schedule (align E < 0.99 at 7.39 for eps 0.05, converged in "
+           "nside_max: `fig4_concentration`), turns by ~15 degrees and stalls, held by its tails (51-68 % of the "
+           "attention at a cluster comes from cells below 1e-6 of its mass); align E then drifts through 0.9 at "
+           "~16 whatever eps from 0.5 to 1e-2 (`transition_law/README.md`, \"At beta 300\"), so the law's a(300) "
+           "= 13.4, anchored on that drift, is not the intercept of a log(1 / eps) growth. n <= 1000 tokens have no "
+           "such tails (1e-6 of the mass is far below one token): their exits keep the slope (fitted 0.84 at n = 1000) "
+           "and sit 7.7-7.9 below the density's, at the intercept that a(beta) extrapolated along log(beta) from "
+           "beta 30 and 100 gives (the line above). So at beta 300 the mean-field equation and a few hundred tokens "
+           "part in the terminal phase, and what parts them is mass below 1 / n.",
+}
+
+
+def _intercepts(r: dict, betas: list) -> str:
+    """The tokens' intercept at the law's slope, a + mean(t_exit - law) per n (nothing fitted: a mean), beside
+    the density law's a(beta) and a(beta) extrapolated along log(beta) from the two nearest lower betas."""
+    law = r["law"]
+    txt = ("Tokens' intercept at the law's slope b, a + mean(t_exit - law): " + ", ".join(
+        f"n = {q['n']}: {law['a'] + q['mean_law_error']:.2f}" for q in r["per_seed"])
+        + f"; the density law's a({r['beta']:g}) = {law['a']:.2f}")
+    lower = sorted((q["beta"], q["law"]["a"]) for q in betas if q["beta"] < r["beta"])[-2:]
+    if len(lower) == 2:
+        (b0, a0), (b1, a1) = lower
+        slope = (a1 - a0) / math.log(b1 / b0)
+        txt += (f"; a(beta) extrapolated along log(beta) from beta {b0:g} and {b1:g} ({slope:.3f} per e-fold): "
+                f"{a1 + slope * math.log(r['beta'] / b1):.2f}")
+    return txt + "."
+
+
 def write_md(out):
     L = ["# The density-level transition law against the token ensembles (validation/token_ensembles/law.py)", "",
          f"Algorithm 1 (Euler, dt {out['dt']:g}), the paper matrices, n uniform tokens (seed s), against the converged "
@@ -219,6 +250,9 @@ def write_md(out):
                 L.append(f"| {q['n']} | {q['runs']} of {q['of']} | {q['eps_eq_range'][0]:.3g} - {q['eps_eq_range'][1]:.3g} | "
                          f"{q['corr']:.3f} | {q['slope']:.3f} | {q['intercept']:.3f} | {q['rms_law']:.3f} | "
                          f"{q['mean_law_error']:+.3f} | {q['std']:.3f} | {q['corr_hemi']:.2f}, {q['rms_hemi']:.2f} |")
+            L += ["", _intercepts(r, out["betas"])]
+        if r["beta"] in NOTES:
+            L += ["", NOTES[r["beta"]]]
         if r.get("per_n_t_EF"):
             ef = law.get("t_EF")
             L += ["", "t_EF (the runs' own; the law's mean with the same eps_eq where the density-level t_EF law exists: "

@@ -294,6 +294,11 @@ def converged(rows, key="t_exit") -> dict:
     return out
 
 
+#: A beta whose slope over its converged exits is further than this from 1 / tanh(beta), relative, is not on the
+#: two-cluster law (beta 300: its exit lies on the stall's drift) and is left out of a(beta) against log(beta).
+B_OFF_LAW = 0.2
+
+
 def write_betas(path=None, here=None):
     """adaptive_betas.md: the law across beta from every beta's adaptive*.json (the study's and --beta runs):
     per beta the converged exits, the law's intercept a(beta) at eps = 0.05 (t_exit - log(1 / 0.05) / tanh(beta)),
@@ -323,14 +328,21 @@ def write_betas(path=None, here=None):
          "tanh(beta), the two-cluster law's intercept at its anchor; the slope b from least squares over the converged "
          "exits at eps <= 0.05 (two-cluster: 1 / tanh(beta)).", "",
          "| beta | levels | converged t_exit (eps: value, finest level) | a(beta) | b fitted (amplitudes) | "
-         "converged t_EF | t_EF fitted (eps <= 0.05) | t_EF / t_exit where both converged |",
-         "|---|---|---|---|---|---|---|---|"]
-    avals = []
+         "b over every converged exit | converged t_EF | t_EF fitted (eps <= 0.05) | t_EF / t_exit where both converged |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    avals, off_law = [], []
     for beta, rows, conv, conv_ef, law in per:
         lv = sorted({r["nside_max"] for r in rows})
         ce = ", ".join(f"{_e(e)}: {v:.2f} ({n})" for e, (v, n) in sorted(conv.items(), reverse=True)) or "none"
         a = "-" if law is None else f"{law[0]:.3f}"
-        if law is not None:
+        # the slope over every converged exit, the large amplitudes included (on the law within ~1 % where it
+        # holds): where it is far from the two-cluster 1 / tanh(beta), a(beta) is not that law's intercept
+        every = [(e, v, n) for e, (v, n) in conv.items()]
+        b_all = _fit(every)[1] if len(every) >= 2 else None
+        ba = "-" if b_all is None else f"{b_all:.3f} ({_e(max(conv))} to {_e(min(conv))})"
+        if b_all is not None and abs(b_all * math.tanh(beta) - 1) > B_OFF_LAW:
+            off_law.append((beta, b_all))
+        elif law is not None:
             avals.append((beta, law[0]))
         small = [(e, v, n) for e, (v, n) in conv.items() if e <= 0.05]
         bf = "-"
@@ -345,11 +357,16 @@ def write_betas(path=None, here=None):
         if len(small_ef) >= 2:
             a_ef, b_ef, _ = _fit(small_ef)
             ff = f"{a_ef:.2f} + {b_ef:.2f} log(1 / eps)"
-        L.append(f"| {beta:g} (T {t_ends(rows)}) | {', '.join(map(str, lv))} | {ce} | {a} | {bf} | {cf} | {ff} | {ratio} |")
+        L.append(f"| {beta:g} (T {t_ends(rows)}) | {', '.join(map(str, lv))} | {ce} | {a} | {bf} | {ba} | {cf} | {ff} | "
+                 f"{ratio} |")
     if len(avals) >= 2:
         L += ["", "a(beta) against log(beta): " + ", ".join(
             f"from beta {b0:g} to {b1:g}: {(a1 - a0) / math.log(b1 / b0):.3f} per e-fold of beta"
             for (b0, a0), (b1, a1) in zip(avals[:-1], avals[1:])) + "."]
+    for beta, b_all in off_law:
+        L += ["", f"beta {beta:g} is left out of a(beta): its converged exits do not follow the two-cluster slope (b = "
+              f"{b_all:.3f} over them against 1 / tanh(beta) = {1 / math.tanh(beta):.3f}; the bar: within "
+              f"{B_OFF_LAW:.0%}), so its a(beta) is not that law's intercept (README, \"At beta {beta:g}\")."]
     ratios = [(beta, e, v / conv[e][0]) for beta, _, conv, conv_ef, _ in per for e, (v, _) in conv_ef.items()
               if e in conv and e <= 0.05]
     if ratios:
