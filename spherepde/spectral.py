@@ -474,8 +474,8 @@ _VP_SHARED: "collections.OrderedDict" = collections.OrderedDict()
 #: V_p cell averages of adaptive HEALPix cells by their NUNIQ, per (E, p): the cells of an adaptive run's saved
 #: states are mostly the same from one state to the next (a regrid changes a few percent of them), and a cell's
 #: average depends on that cell alone, so each is integrated once (:func:`_adaptive_cell_averages`). Before, every
-#: state's grid was a new one and paid for all its cells: 1.7 s a state at 13k cells, 200-400 s of a sweep member's
-#: post-processing at beta 300 (121 states), as long as the run itself. The last 2 (E, p) are kept, each with at
+#: state's grid was a new one and paid for all its cells: 3.4 s a state at 13k cells (beside another job), ~400 s of
+#: a sweep member's post-processing at beta 300 (121 states), as long as the run itself; now 10.6 s in all. The last 2 (E, p) are kept, each with at
 #: most _VP_CELLS_MAX cells (beyond it the store starts again).
 _VP_CELLS: "collections.OrderedDict" = collections.OrderedDict()
 _VP_CELLS_MAX = 4_000_000
@@ -494,8 +494,9 @@ class _CellSubset:
 
 
 def _adaptive_cell_averages(grid, key, a, H) -> np.ndarray:
-    """The V_p cell averages of an adaptive grid's cells, the ones not met before integrated now (in NUNIQ order,
-    so that the same cells give the same bits whatever was asked before) and stored by NUNIQ."""
+    """The V_p cell averages of an adaptive grid's cells, the ones not met before integrated now and stored by
+    NUNIQ. A cell's value is the same bits whichever cells share its batch (:func:`_dot3`, :func:`_wsum`), so
+    the result does not depend on what was asked before."""
     uniq = np.asarray(grid.uniq, np.int64)
     known, vals = _VP_CELLS.pop(key, (np.empty(0, np.int64), np.empty(0)))
     _VP_CELLS[key] = (known, vals)
