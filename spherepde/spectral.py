@@ -506,7 +506,6 @@ def _adaptive_cell_averages(grid, key, a, H) -> np.ndarray:
     hit = (known[pos] == uniq) if len(known) else np.zeros(len(uniq), bool)
     miss = np.flatnonzero(~hit)
     if len(miss):
-        miss = miss[np.argsort(uniq[miss], kind="stable")]
         sub = _CellSubset(grid, miss)
         integ, _ = _axial_cell_integrals(sub, a, H)
         new_u, new_v = uniq[miss], integ / sub.areas

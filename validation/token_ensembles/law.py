@@ -188,19 +188,26 @@ def main(argv=None):
     return 0
 
 
-#: What a beta's comparison shows beyond its tables (measured; the numbers are those of the tables above them).
-NOTES = {
-    300.0: "**At beta 300 the density-level exit is not the two-cluster law's, and the tokens do not follow it.** "
-           "On the density the pair departs from E on schedule (align E < 0.99 at 7.39 for eps 0.05, converged in "
-           "nside_max: `fig4_concentration`), turns by ~15 degrees and stalls, held by its tails (51-68 % of the "
-           "attention at a cluster comes from cells below 1e-6 of its mass); align E then drifts through 0.9 at "
-           "~16 whatever eps from 0.5 to 1e-2 (`transition_law/README.md`, \"At beta 300\"), so the law's a(300) "
-           "= 13.4, anchored on that drift, is not the intercept of a log(1 / eps) growth. n <= 1000 tokens have no "
-           "such tails (1e-6 of the mass is far below one token): their exits keep the slope (fitted 0.84 at n = 1000) "
-           "and sit 7.7-7.9 below the density's, at the intercept that a(beta) extrapolated along log(beta) from "
-           "beta 30 and 100 gives (the line above). So at beta 300 the mean-field equation and a few hundred tokens "
-           "part in the terminal phase, and what parts them is mass below 1 / n.",
-}
+def _note_300(r: dict) -> str:
+    """What beta 300's comparison shows beyond its tables (measured 2026-12-06; the numbers are read off ``r``)."""
+    law, seeds = r["law"], r["per_seed"]
+    gaps = [-q["mean_law_error"] for q in seeds]
+    top = max(seeds, key=lambda q: q["n"])
+    return ("**At beta 300 the density-level exit is not the two-cluster law's, and the tokens do not follow it.** "
+            "On the density the pair departs from E on schedule (align E < 0.99 at 7.39 for eps 0.05, converged in "
+            "nside_max: `fig4_concentration`), turns by ~15 degrees and stalls, held by its tails (51-68 % of the "
+            "attention at a cluster comes from cells below 1e-6 of its mass); align E then drifts through 0.9 at "
+            "~16 whatever eps from 0.5 to 1e-2 (`transition_law/README.md`, \"At beta 300\"), so the law's a(300) "
+            f"= {law['a']:.1f}, anchored on that drift, is not the intercept of a log(1 / eps) growth. n <= "
+            f"{top['n']} tokens have no such tails (1e-6 of the mass is far below one token): their exits keep the "
+            f"slope (fitted {top['slope']:.2f} at n = {top['n']}) and sit {min(gaps):.1f}-{max(gaps):.1f} below the "
+            "density's, at the intercept that a(beta) extrapolated along log(beta) from beta 30 and 100 gives (the "
+            "line above). So at beta 300 the mean-field equation and a few hundred tokens part in the terminal "
+            "phase, and what parts them is mass below 1 / n.")
+
+
+#: What a beta's comparison shows beyond its tables, per beta: a function of that beta's section of law.json.
+NOTES = {300.0: _note_300}
 
 
 def _intercepts(r: dict, betas: list) -> str:
@@ -252,7 +259,7 @@ def write_md(out):
                          f"{q['mean_law_error']:+.3f} | {q['std']:.3f} | {q['corr_hemi']:.2f}, {q['rms_hemi']:.2f} |")
             L += ["", _intercepts(r, out["betas"])]
         if r["beta"] in NOTES:
-            L += ["", NOTES[r["beta"]]]
+            L += ["", NOTES[r["beta"]](r)]
         if r.get("per_n_t_EF"):
             ef = law.get("t_EF")
             L += ["", "t_EF (the runs' own; the law's mean with the same eps_eq where the density-level t_EF law exists: "
