@@ -156,10 +156,13 @@ def main(argv=None):
         # the sweep's dataset has each member's alignment series, t_exit, t_EF and cell counts already
         # (spherepde.sweeps.member_record); the results file is read for the last state and the mass
         earlier = None
-        if a.continue_from_t_end is not None:  # T0 = the study's own T: its sweep, named without a _T suffix
+        if a.continue_from_t_end is not None:
+            # the sweep run to T0 (named _T<T0>); where T0 is the study's own T and no such sweep exists, the
+            # study's own sweep (named without a _T suffix)
             own = spec(nmax, a.eps, beta, a.nside_min, a.rtol)
-            t0 = None if a.continue_from_t_end == _t_end(own) else a.continue_from_t_end
-            earlier = HERE / "sweep_runs" / spec(nmax, a.eps, beta, a.nside_min, a.rtol, t0).name
+            earlier = HERE / "sweep_runs" / spec(nmax, a.eps, beta, a.nside_min, a.rtol, a.continue_from_t_end).name
+            if not earlier.exists() and a.continue_from_t_end == _t_end(own):
+                earlier = HERE / "sweep_runs" / own.name
         ds = sweep(sp_, out, quiet=True, progress=False, continue_from=earlier)
         for eps in ds["eps"].values:
             m = ds.sel(eps=eps)
