@@ -1270,10 +1270,14 @@ def test_transition_law_beta300_on_disk_and_its_tokens(tmp_path):
     last); after its departure from E every member joins one curve of align E against t (the stall's drift), so
     that at T = 30 every row's align E lies within 0.01 of the others'. The tokens (n = 200 and 1000) keep the
     slope and sit at the intercept that a(beta) extrapolated along log(beta) from beta 30 and 100 gives (within
-    0.3), more than 7 below the density law's a(300). Every row to T = 30, mass to 1e-14, f >= 0."""
+    0.3), more than 7 below the density law's a(300). The departure from E's plateau is the two-cluster law's: eps
+    0.5's comes earlier level by level (5.85, 5.20, 5.05 at nside_max 64-256) and with Figure 4's converged eps 0.05
+    departure gives a slope in log(1 / eps) within 5 % of 1 / tanh(300) (measured 1.016), where the exits' is below
+    0.3. Every row to T = 30, mass to 1e-14, f >= 0."""
     import json
     import math
 
+    from validation.fig4_concentration import adaptive as A
     from validation.fig4_concentration.adaptive import BAR
     from validation.transition_law import adaptive as mod
 
@@ -1291,6 +1295,14 @@ def test_transition_law_beta300_on_disk_and_its_tokens(tmp_path):
     assert all(r["t_depart"] < r["t_exit"] for r in rows)
     final_E = [r["final_align"][0] for r in rows]
     assert max(final_E) - min(final_E) <= 0.01
+    # the departure (measured 2026-12-07): eps 0.5's against Figure 4's converged eps 0.05 departure (7.39, nside_max
+    # 1024), one decade apart: the two-cluster slope 1 / tanh(beta), where the exits over the same decade move by 0.5
+    d = json.loads((mod.HERE.parent / "fig4_concentration" / "adaptive.json").read_text())
+    lad = [r for r in A.ladder(d["rows"], attended=True, attention_variation=0.25, nside_min=32) if r["beta"] == 300.0]
+    dep05 = A.leave_plateau(next(r for r in lad if r["nside_max"] == 1024))
+    dep5 = [by[0.5][n]["t_depart"] for n in sorted(by[0.5])]
+    assert sorted(by[0.5]) == [64, 128, 256] and all(x > y for x, y in zip(dep5, dep5[1:]))
+    assert abs((dep05 - dep5[-1]) / math.log(0.5 / 0.05) * math.tanh(300.0) - 1) <= 0.05
     text = "\n".join(mod.write_betas(path=tmp_path / "adaptive_betas.md"))
     assert "beta 300 is left out of a(beta)" in text and "from beta 30 to 100" in text and "to 300:" not in text
 
