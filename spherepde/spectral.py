@@ -475,8 +475,8 @@ _VP_SHARED: "collections.OrderedDict" = collections.OrderedDict()
 #: states are mostly the same from one state to the next (a regrid changes a few percent of them), and a cell's
 #: average depends on that cell alone, so each is integrated once (:func:`_adaptive_cell_averages`). Before, every
 #: state's grid was a new one and paid for all its cells: 3.4 s a state at 13k cells (beside another job), ~400 s of
-#: a sweep member's post-processing at beta 300 (121 states), as long as the run itself; now 10.6 s in all. The last 2 (E, p) are kept, each with at
-#: most _VP_CELLS_MAX cells (beyond it the store starts again).
+#: a sweep member's post-processing at beta 300 (121 states), as long as the run itself; now 10.6 s in all. The last
+#: 2 (E, p) are kept, each with at most _VP_CELLS_MAX cells (beyond it the store starts again).
 _VP_CELLS: "collections.OrderedDict" = collections.OrderedDict()
 _VP_CELLS_MAX = 4_000_000
 

@@ -399,8 +399,8 @@ def test_fig4_beta300_exit_lies_on_the_tails_drift_on_disk():
     from validation.fig4_concentration import adaptive as A
 
     d = json.loads((C.VALID / "fig4_concentration" / "adaptive.json").read_text())
-    lad = [r for r in A.ladder(d["rows"], attended=True, attention_variation=0.25, nside_min=32) if r["beta"] == 300.0]
-    assert [r["nside_max"] for r in lad] == [64, 128, 256, 512, 1024]
+    lad = A.fallback_ladder(d["rows"], 300.0)  # Figure 4's ladder at this beta (attended, nside 32 base cells)
+    assert [r["nside_max"] for r in lad] == [64, 128, 256, 512, 1024] and A.refinement_of(lad[0])[2] == 0.25
     ch = A.changes(lad)
     leave = [c["t_leave"] for c in ch]
     assert leave[0] > leave[1] > leave[2] > leave[3] and leave[3] < 0.02 and leave[2] < 0.05 < leave[1]
@@ -1298,8 +1298,7 @@ def test_transition_law_beta300_on_disk_and_its_tokens(tmp_path):
     # the departure (measured 2026-12-07): eps 0.5's against Figure 4's converged eps 0.05 departure (7.39, nside_max
     # 1024), one decade apart: the two-cluster slope 1 / tanh(beta), where the exits over the same decade move by 0.5
     d = json.loads((mod.HERE.parent / "fig4_concentration" / "adaptive.json").read_text())
-    lad = [r for r in A.ladder(d["rows"], attended=True, attention_variation=0.25, nside_min=32) if r["beta"] == 300.0]
-    dep05 = A.leave_plateau(next(r for r in lad if r["nside_max"] == 1024))
+    dep05 = A.leave_plateau(next(r for r in A.fallback_ladder(d["rows"], 300.0) if r["nside_max"] == 1024))
     dep5 = [by[0.5][n]["t_depart"] for n in sorted(by[0.5])]
     assert sorted(by[0.5]) == [64, 128, 256] and all(x > y for x, y in zip(dep5, dep5[1:]))
     assert abs((dep05 - dep5[-1]) / math.log(0.5 / 0.05) * math.tanh(300.0) - 1) <= 0.05
