@@ -1296,11 +1296,13 @@ def test_transition_law_beta300_on_disk_and_its_tokens(tmp_path):
     final_E = [r["final_align"][0] for r in rows]
     assert max(final_E) - min(final_E) <= 0.01
     # the departure (measured 2026-12-07): eps 0.5's against Figure 4's converged eps 0.05 departure (7.39, nside_max
-    # 1024), one decade apart: the two-cluster slope 1 / tanh(beta), where the exits over the same decade move by 0.5
+    # 1024), one decade apart: the two-cluster slope 1 / tanh(beta), where the exits over the same decade move by 0.4.
+    # eps 0.5's departure is converged on its ladder: 5.05 -> 5.03 from nside_max 256 to 512, the issue's 2 % bar
     d = json.loads((mod.HERE.parent / "fig4_concentration" / "adaptive.json").read_text())
     dep05 = A.leave_plateau(next(r for r in A.fallback_ladder(d["rows"], 300.0) if r["nside_max"] == 1024))
     dep5 = [by[0.5][n]["t_depart"] for n in sorted(by[0.5])]
-    assert sorted(by[0.5]) == [64, 128, 256] and all(x > y for x, y in zip(dep5, dep5[1:]))
+    assert sorted(by[0.5]) == [64, 128, 256, 512] and all(x > y for x, y in zip(dep5, dep5[1:]))
+    assert mod._step(dep5[-2], dep5[-1]) <= BAR["t_exit"]
     assert abs((dep05 - dep5[-1]) / math.log(0.5 / 0.05) * math.tanh(300.0) - 1) <= 0.05
     text = "\n".join(mod.write_betas(path=tmp_path / "adaptive_betas.md"))
     assert "beta 300 is left out of a(beta)" in text and "from beta 30 to 100" in text and "to 300:" not in text
