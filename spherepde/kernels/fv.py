@@ -624,7 +624,6 @@ def compact_side(side, side4):
                 side4[i, k, c] = side[i, k, c]
 
 
-@njit(parallel=True, cache=True)
 def stage_update(fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alpha, linear, limit, outflow, out):
     """One SSP-RK stage, out = alpha fa + (1 - alpha)(fb - dt/|C| div_h F(fb)), in two passes.
 
@@ -643,39 +642,96 @@ def stage_update(fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alp
     for 786432 cells), int16 offsets and the scalar area cut the bytes per cell and stage from 504 to
     ~260; HEALPix (S = 8, K = 4, d = 3) gets a loop with constant trip counts, and equal areas take
     both divisions per cell out of the loop (together 1.9x the compute rate on one core).
+
+    Each of those branches is its own compiled kernel (``_stage_healpix``, ``_stage_healpix_flags``,
+    ``_stage_equal_area``, ``_stage_adaptive``, ``_stage_general``; the same loops, so the same bits), chosen
+    here: a process compiles only the ones its grids use. As one kernel they took 27 s to compile on this
+    machine, and every process paid for all of them (a sweep worker, the CLI, a fresh install).
     """
     N, K = inflow_off.shape
     S = stencil_off.shape[1]
     DL = coef.shape[2]
+    args = (fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alpha)
     if area.shape[0] == 1:
-        capf = (1.0 - OUTFLOW_MARGIN) * area[0] / dt
-        r = dt / area[0]
         if S == 8 and K == 4 and DL == 2:  # HEALPix; the flags as constants too (the default first)
             if linear and limit:
-                for i in prange(N):
-                    _cell_outflows(i, fb, stencil_off, coef, cls[i], side, capf, True, True, outflow, 8, 4, 2)
+                _stage_healpix(*args, outflow, out)
             else:
-                for i in prange(N):
-                    _cell_outflows(i, fb, stencil_off, coef, cls[i], side, capf, linear, limit, outflow, 8, 4, 2)
-            if alpha == 0.0:
-                for i in prange(N):
-                    _cell_net(i, fa, fb, inflow_off, outflow, r, 0.0, out, 4, limit)
-            else:
-                for i in prange(N):
-                    _cell_net(i, fa, fb, inflow_off, outflow, r, alpha, out, 4, limit)
+                _stage_healpix_flags(*args, bool(linear), bool(limit), outflow, out)
             return
-        for i in prange(N):
-            _cell_outflows(i, fb, stencil_off, coef, cls[i], side, capf, linear, limit, outflow, S, K, DL)
-        for i in prange(N):
-            _cell_net(i, fa, fb, inflow_off, outflow, r, alpha, out, K, limit)
+        _stage_equal_area(*args, bool(linear), bool(limit), outflow, out)
         return
     if S == 12 and K == 8 and DL == 2 and linear and limit:  # adaptive HEALPix, the default scheme: constant trips
-        for i in prange(N):
-            _cell_outflows(i, fb, stencil_off, coef, cls[i], side, (1.0 - OUTFLOW_MARGIN) * area[i] / dt, True,
-                           True, outflow, 12, 8, 2)
-        for i in prange(N):
-            _cell_net(i, fa, fb, inflow_off, outflow, dt / area[i], alpha, out, 8, True)
+        _stage_adaptive(*args, outflow, out)
         return
+    _stage_general(*args, bool(linear), bool(limit), outflow, out)
+
+
+@njit(parallel=True, cache=True)
+def _stage_healpix(fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alpha, outflow, out):
+    """:func:`stage_update` on HEALPix (S = 8, K = 4, d = 3, equal areas), linear and limited (the default)."""
+    N = inflow_off.shape[0]
+    capf = (1.0 - OUTFLOW_MARGIN) * area[0] / dt
+    r = dt / area[0]
+    for i in prange(N):
+        _cell_outflows(i, fb, stencil_off, coef, cls[i], side, capf, True, True, outflow, 8, 4, 2)
+    if alpha == 0.0:
+        for i in prange(N):
+            _cell_net(i, fa, fb, inflow_off, outflow, r, 0.0, out, 4, True)
+    else:
+        for i in prange(N):
+            _cell_net(i, fa, fb, inflow_off, outflow, r, alpha, out, 4, True)
+
+
+@njit(parallel=True, cache=True)
+def _stage_healpix_flags(fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alpha, linear, limit, outflow,
+                         out):
+    """:func:`stage_update` on HEALPix, first order or unlimited."""
+    N = inflow_off.shape[0]
+    capf = (1.0 - OUTFLOW_MARGIN) * area[0] / dt
+    r = dt / area[0]
+    for i in prange(N):
+        _cell_outflows(i, fb, stencil_off, coef, cls[i], side, capf, linear, limit, outflow, 8, 4, 2)
+    if alpha == 0.0:
+        for i in prange(N):
+            _cell_net(i, fa, fb, inflow_off, outflow, r, 0.0, out, 4, limit)
+    else:
+        for i in prange(N):
+            _cell_net(i, fa, fb, inflow_off, outflow, r, alpha, out, 4, limit)
+
+
+@njit(parallel=True, cache=True)
+def _stage_equal_area(fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alpha, linear, limit, outflow,
+                      out):
+    """:func:`stage_update` on any other equal-area grid (``area`` of shape (1,))."""
+    N, K = inflow_off.shape
+    S = stencil_off.shape[1]
+    DL = coef.shape[2]
+    capf = (1.0 - OUTFLOW_MARGIN) * area[0] / dt
+    r = dt / area[0]
+    for i in prange(N):
+        _cell_outflows(i, fb, stencil_off, coef, cls[i], side, capf, linear, limit, outflow, S, K, DL)
+    for i in prange(N):
+        _cell_net(i, fa, fb, inflow_off, outflow, r, alpha, out, K, limit)
+
+
+@njit(parallel=True, cache=True)
+def _stage_adaptive(fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alpha, outflow, out):
+    """:func:`stage_update` on adaptive HEALPix (S = 12, K = 8, d = 3, per-cell areas), linear and limited."""
+    N = inflow_off.shape[0]
+    for i in prange(N):
+        _cell_outflows(i, fb, stencil_off, coef, cls[i], side, (1.0 - OUTFLOW_MARGIN) * area[i] / dt, True,
+                       True, outflow, 12, 8, 2)
+    for i in prange(N):
+        _cell_net(i, fa, fb, inflow_off, outflow, dt / area[i], alpha, out, 8, True)
+
+
+@njit(parallel=True, cache=True)
+def _stage_general(fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alpha, linear, limit, outflow, out):
+    """:func:`stage_update` with per-cell areas, any stencil."""
+    N, K = inflow_off.shape
+    S = stencil_off.shape[1]
+    DL = coef.shape[2]
     for i in prange(N):
         _cell_outflows(i, fb, stencil_off, coef, cls[i], side, (1.0 - OUTFLOW_MARGIN) * area[i] / dt, linear,
                        limit, outflow, S, K, DL)
