@@ -16,10 +16,9 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install -e '.[test]'
 	touch $(STAMP)
 
-# parallel test processes (pytest-xdist): one per core, at most 4 (each loads numba, dask, healpy); a module
-# marked xdist_group runs on one worker, so its module fixtures are built once
+# parallel test processes (pytest-xdist): one per core, at most 4 (each loads numba, dask, healpy)
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup
+	$(PY) -m pytest -q -n auto --maxprocesses 4
 
 run: $(STAMP)
 	$(PY) -m spherepde.experiments.default --output output/default

@@ -13,9 +13,6 @@ from spherepde.config import ConfigError, parse_config
 from spherepde.grids.adaptive import AdaptiveHealpixGrid, Refinement
 from spherepde.runner import run_experiment
 
-# one xdist worker runs this module (make test: --dist loadgroup): its finished run (~8 s) was made on each
-pytestmark = pytest.mark.xdist_group("adaptive_io")
-
 CONFIG = """
 name = "adaptive io"
 [grid]

@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# one xdist worker builds the HTML once (make test: --dist loadgroup; ~17 s)
-pytestmark = pytest.mark.xdist_group("docs")
 
 
 @pytest.fixture(scope="module")

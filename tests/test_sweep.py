@@ -21,10 +21,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-# one xdist worker runs this module (make test: --dist loadgroup): its module fixtures, a LocalCluster sweep
-# each (~12 s), were built once on each worker
-pytestmark = pytest.mark.xdist_group("sweep")
-
 xr = pytest.importorskip("xarray")
 pytest.importorskip("distributed")
 
