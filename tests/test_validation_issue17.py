@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from validation import criteria as C  # noqa: E402
 
 
+@pytest.mark.slow  # a study run (12-19 s): out of the default run, which must stay under 10 minutes
 def test_cluster_dynamics_quick_mode_passes_its_criteria(tmp_path, monkeypatch):
     mod = C.load_study("cluster_dynamics")
     monkeypatch.setattr(mod, "HERE", tmp_path)

@@ -26,6 +26,7 @@ def _w2(out, n, t):
 
 
 # ------------------------------------------------------------------ min density vs Gronwall
+@pytest.mark.slow  # a study run (14-20 s on a clean checkout): out of the default run, which must stay under 10 minutes
 def test_min_density_quick(tmp_path):
     """nside 8 to t = 6 (the +-e1 clusters become narrower than a cell): with limiter="maximum" min f_t stays
     above the Gronwall bound for every beta (measured: min ratio 1.165-1.168, at t ~ 0.03); with the

@@ -30,6 +30,7 @@ def test_transition_time_definition():
     assert fig4.exit_time(t, aE + 0.05) == pytest.approx(2 + 0.05 / 0.3)
 
 
+@pytest.mark.slow  # a study run (8-12 s): out of the default run, which must stay under 10 minutes
 def test_fig4_quick_E_first_and_beta_inf_stays_on_E(tmp_path, monkeypatch):
     monkeypatch.setattr(fig4, "HERE", tmp_path)
     fig4.main(["--quick"])
