@@ -50,6 +50,7 @@ def test_landau_coefficient_against_the_reference():
     assert B0 == pytest.approx(M.landau_B(), rel=1e-4), (B0, M.landau_B())
 
 
+@pytest.mark.slow  # a study run (11 s warm, 20-30 s on a clean checkout): out of the default run (10-minute bar)
 def test_spherepde_on_the_branch(one_numba_thread):
     # The package's solver (64 cells, default error control) at 0.96 sigma_c from the predicted profile (von
     # Mises with r = sqrt(beta mu / c3) = 0.765) to T = 4 / mu (the approach to the branch is at
