@@ -643,21 +643,20 @@ def stage_update(fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alp
     ~260; HEALPix (S = 8, K = 4, d = 3) gets a loop with constant trip counts, and equal areas take
     both divisions per cell out of the loop (together 1.9x the compute rate on one core).
 
-    Each of those branches is its own compiled kernel (``_stage_healpix``, ``_stage_healpix_flags``,
-    ``_stage_equal_area``, ``_stage_adaptive``, ``_stage_general``; the same loops, so the same bits), chosen
-    here: a process compiles only the ones its grids use. As one kernel they took 27 s to compile on this
-    machine, and every process paid for all of them (a sweep worker, the CLI, a fresh install).
+    Each of those branches is its own compiled kernel (``_stage_healpix``, ``_stage_equal_area``,
+    ``_stage_adaptive``, ``_stage_general``; the same loops, so the same bits), chosen here: a process
+    compiles only the ones its grids use. (First-order or unlimited steps on HEALPix take the equal-area
+    kernel: the same arithmetic with the trip counts read at run time, without fastmath the same bits.)
+    As one kernel they took 27 s to compile on this machine, and every process paid for all of them (a
+    sweep worker, the CLI, a fresh install).
     """
     N, K = inflow_off.shape
     S = stencil_off.shape[1]
     DL = coef.shape[2]
     args = (fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alpha)
     if area.shape[0] == 1:
-        if S == 8 and K == 4 and DL == 2:  # HEALPix; the flags as constants too (the default first)
-            if linear and limit:
-                _stage_healpix(*args, outflow, out)
-            else:
-                _stage_healpix_flags(*args, bool(linear), bool(limit), outflow, out)
+        if S == 8 and K == 4 and DL == 2 and linear and limit:  # HEALPix, the default scheme: constants
+            _stage_healpix(*args, outflow, out)
             return
         _stage_equal_area(*args, bool(linear), bool(limit), outflow, out)
         return
@@ -684,26 +683,9 @@ def _stage_healpix(fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, a
 
 
 @njit(parallel=True, cache=True)
-def _stage_healpix_flags(fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alpha, linear, limit, outflow,
-                         out):
-    """:func:`stage_update` on HEALPix, first order or unlimited."""
-    N = inflow_off.shape[0]
-    capf = (1.0 - OUTFLOW_MARGIN) * area[0] / dt
-    r = dt / area[0]
-    for i in prange(N):
-        _cell_outflows(i, fb, stencil_off, coef, cls[i], side, capf, linear, limit, outflow, 8, 4, 2)
-    if alpha == 0.0:
-        for i in prange(N):
-            _cell_net(i, fa, fb, inflow_off, outflow, r, 0.0, out, 4, limit)
-    else:
-        for i in prange(N):
-            _cell_net(i, fa, fb, inflow_off, outflow, r, alpha, out, 4, limit)
-
-
-@njit(parallel=True, cache=True)
 def _stage_equal_area(fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alpha, linear, limit, outflow,
                       out):
-    """:func:`stage_update` on any other equal-area grid (``area`` of shape (1,))."""
+    """:func:`stage_update` on any other equal-area grid (``area`` of shape (1,)), or scheme."""
     N, K = inflow_off.shape
     S = stencil_off.shape[1]
     DL = coef.shape[2]
