@@ -1282,9 +1282,9 @@ def test_transition_law_beta300_on_disk_and_its_tokens(tmp_path):
     that at T = 30 every row's align E lies within 0.01 of the others'. The tokens (n = 200 and 1000) keep the
     slope and sit at the intercept that a(beta) extrapolated along log(beta) from beta 30 and 100 gives (within
     0.3), more than 7 below the density law's a(300). The departure from E's plateau is the two-cluster law's: eps
-    0.5's comes earlier level by level (5.85, 5.20, 5.05 at nside_max 64-256) and with Figure 4's converged eps 0.05
-    departure gives a slope in log(1 / eps) within 5 % of 1 / tanh(300) (measured 1.016), where the exits' is below
-    0.3. Every row to T = 30, mass to 1e-14, f >= 0."""
+    0.5's comes earlier level by level (5.85, 5.20, 5.05, 5.03 at nside_max 64-512, converged) and with Figure 4's
+    converged eps 0.05 departure gives a slope in log(1 / eps) within 5 % of 1 / tanh(300) (measured 1.027), where
+    the exits' is below 0.3. Every row to T = 30, mass to 1e-14, f >= 0."""
     import json
     import math
 

@@ -650,7 +650,7 @@ def stage_update(fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alp
     As one kernel they took 27 s to compile on this machine, and every process paid for all of them (a
     sweep worker, the CLI, a fresh install).
     """
-    N, K = inflow_off.shape
+    K = inflow_off.shape[1]
     S = stencil_off.shape[1]
     DL = coef.shape[2]
     args = (fa, fb, stencil_off, cls, coef, side, inflow_off, area, dt, alpha)
