@@ -128,17 +128,23 @@ class Options:
         are already cheap and ignore it. "exact": the field is evaluated at every new stage time (the method
         of lines; about 100 times the cost of a steady field at nside 256 for a NumPy field, 15-17 times for
         a compiled one). "interpolate": the field's normal velocities at the face Gauss points are evaluated
-        at time nodes and interpolated linearly in time in between, as offline transport models
-        interpolate stored velocity snapshots. The nodes are placed ahead of the run, because the field is
-        a function of t alone: each new node's spacing H is chosen, and the node re-placed closer when it
-        fails, so that the interpolation error predicted from the second divided difference of the last
-        three nodes, max |a''| H^2 / 8 relative to the weights' L1 size, is at most ``rtol / 2`` (the bound
+        at time nodes, and the face moments the stages read (the upwind outflow integrals) are interpolated
+        linearly in time in between, as offline transport models interpolate stored mass fluxes. A convex
+        combination of two upwind sets, they keep the outflows nonnegative; where a Gauss point's velocity
+        changes sign between two nodes they differ from the moments of the interpolated velocity by the
+        kink of max(a, 0), an error of the same order as the interpolation's. The nodes are placed ahead of
+        the run, because the field is a function of t alone: each new node's spacing H is chosen, and the
+        node re-placed closer when it fails, so that the interpolation error predicted from the second
+        divided difference of the last three nodes' velocities, max |a''| H^2 / 8 relative to their L1
+        size, is at most ``rtol / 2`` (the bound
         ``field_interval`` keeps for the attention field; it holds with or without ``error_control``). The
         first interval is one step long (no curvature is known yet); a node is never closer than an eighth
         of a step (a field that jumps is then interpolated across that). The predicted error of the
-        interval in use is recorded as ``diagnostics["field_error"]``. Two stage times of a step between the
-        same two nodes get their moments in one pass over the faces (on S^2 with the linear scheme; the same
-        bits as two passes). Measured: ``validation/bench_transport.py``.
+        interval in use is recorded as ``diagnostics["field_error"]``. A stage's moments then cost one pass
+        over the two nodes' cell-major moments (two stage times of a step between the same nodes share it;
+        the same bits as two passes), with no face moments unless ``limiter="maximum"`` reads them (the CFL
+        rate and the recorded divergence, linear in the moments, come from the nodes' per-cell values).
+        Measured: ``validation/bench_transport.py``.
     max_steps : int, default 10**8
         Safety stop; exceeding it raises.
     """
@@ -310,7 +316,7 @@ _STEP_KEYS = ("dt", "error", "rejected", "field_error", "field_bound")
 class Solver:
     """Steps a density on ``grid`` under ``model``; used by :func:`solve`, resumable via its state."""
 
-    _pair_moments = True  # field_time="interpolate": two stage times between the same nodes in one pass
+    _pair_moments = True  # field_time="interpolate": sets without face moments, two stage times in one pass
 
     def __init__(self, grid, model, f0, options: Options | None = None, t0: float = 0.0):
         self.options = Options() if options is None else options
@@ -396,7 +402,7 @@ class Solver:
         self._carried = {}  # key -> (the grid a regrid came from, its steady local weights): _steady_weights
         self._timed = []  # the last two (interval, t, moments) of time-dependent local fields
         self._history: list[tuple[float, np.ndarray]] = []  # (t, face weights a) for field_interval (per grid)
-        self._node_a = {}  # node time -> face weights a of field_time="interpolate" on this grid
+        self._node_a = {}  # node time -> [face weights, moments, cell rates] of field_time="interpolate" (this grid)
         self._stage_times = ()  # the attempt's stage times after its first (field_time="interpolate": pairs)
         self._prefetched = {}  # stage time -> moments made in one pass with another stage's (_interpolated_moments)
         self._side4_of = None  # (moments side, its compact copy) of the compact stage kernel (_side4)
@@ -883,10 +889,25 @@ class Solver:
 
     def _node(self, t: float, f: np.ndarray) -> np.ndarray:
         """The weights at node time t on this grid (evaluated once per grid: a regrid re-evaluates them)."""
-        a = self._node_a.get(t)
-        if a is None:
-            a = self._node_a[t] = self._weights_at(t, f)
-        return a
+        node = self._node_a.get(t)
+        if node is None:
+            node = self._node_a[t] = [self._weights_at(t, f), None, None]
+        return node[0]
+
+    def _node_moments(self, t: float, f: np.ndarray):
+        """The moment set at node time t on this grid, with its rates (a set of :meth:`_interpolated_moments`),
+        and the per-cell (outflow rate, divergence) they are the maxima of; made once from :meth:`_node`'s
+        weights and kept with them. Without the face moments where the stages do not read them."""
+        self._node(t, f)
+        node = self._node_a[t]
+        if node[1] is None:
+            g = self.grid
+            mom, side = self._compute_moments(node[0], pooled=False)
+            node[2] = (np.empty(g.n_cells), np.empty(g.n_cells))
+            fv.cell_rates(mom, g.cell_faces, g.cell_face_sign, g.areas, *node[2])
+            node[1] = (None if self._side_only() else mom, side, 1.0, (float(node[2][0].max()),
+                                                                       float(node[2][1].max())))
+        return node[1], node[2]
 
     def _node_error(self, i: int, f: np.ndarray) -> float:
         """Predicted relative error of linear interpolation on the interval (nodes[i], nodes[i + 1]):
@@ -945,45 +966,56 @@ class Solver:
                 self._node_a.pop(tk, None)
             self._nodes, self._node_errs, i = self._nodes[keep:], self._node_errs[keep:], i - keep
         if self._nodes[i] == t:
-            return self._compute_moments(self._node(t, f))
+            return self._node_moments(t, f)[0]
         ta, tb = self._nodes[i], self._nodes[i + 1]
         self._field_err = max(self._field_err, self._node_errs[i + 1])  # (_cover: a node after t, its error)
         mom = self._prefetched.pop(t, None)
         if mom is not None:
             return mom
-        # a_b + c (a_b - a_a), c = (t - t_b) / (t_b - t_a) in (-1, 0): the moment kernels combine on the fly
-        a, a_prev = self._node(tb, f), self._node(ta, f)
+        # the moments, not the weights, are interpolated: (1 + c) M_b - c M_a, c = (t - t_b) / (t_b - t_a) in
+        # (-1, 0), a convex combination of two upwind moment sets (outflows >= 0 stay so). Where a Gauss point's
+        # weight keeps its sign over the interval this is the moments of the interpolated weights; where it
+        # changes sign, the two differ by at most that point's |a_b - a_a| / 4 (the kink of max(a, 0)), on a
+        # share of the points that shrinks with the node spacing: second order in it, like the interpolation
+        ((ma, sa, _, _), ra), ((mb, sb, _, _), rb) = self._node_moments(ta, f), self._node_moments(tb, f)
+        c = (t - tb) / (tb - ta)
+
+        def rates(c):  # the CFL rate and the divergence are linear in the moments: the nodes' per-cell ones
+            return fv.lerp_max(rb[0], ra[0], c), fv.lerp_max(rb[1], ra[1], c)
+
+        mom, side = self._moment_arrays()
+        if not self._side_only():
+            fv.lerp_moments(mb, ma, c, mom)
+            fv.lerp_moments(sb, sa, c, side)
+            return mom, side, 1.0, rates(c)
+        # the stages read the cell-major set alone: no face moments are made
         other = [u for u in self._stage_times if ta < u < tb and u != t and u not in self._prefetched]
-        if other and self._pairs_allowed():
-            # another stage time of this attempt between the same nodes: both moment sets in one pass (the
-            # same bits as two passes), the other kept for its stage. Only the attempt's last stage time
-            # (the next state's moments) gets face moments: the others serve one stage, whose linear
-            # kernel reads the cell-major copy alone, and their CFL check takes the outflow rate from it
-            u, end = other[0], self._stage_times[-1]
-            mom, side = self._moment_arrays()
-            mom2, side2 = self._moment_arrays()
-            grid = self.grid
-            fv.face_side_moments_pair(a, a_prev, (t - tb) / (tb - ta), (u - tb) / (tb - ta), grid.face_points,
-                                      grid.xbar, grid.tangent_basis, grid.owner, grid.neighbour, grid.face_slots,
-                                      mom, side, mom2, side2, t == end, u == end)
-            self._prefetched[u] = (mom2 if u == end else None, side2)
-            return mom if t == end else None, side
-        return self._compute_moments(a, a_prev, (t - tb) / (tb - ta))
+        if other:  # another stage time of this attempt between the same nodes: both sets in one pass (the
+            # same bits as two), the other kept for its stage
+            u = other[0]
+            cu = (u - tb) / (tb - ta)
+            side2 = self._moment_arrays()[1]
+            fv.lerp_moments_pair(sb, sa, c, cu, side, side2)
+            self._prefetched[u] = (None, side2, 1.0, rates(cu))
+        else:
+            fv.lerp_moments(sb, sa, c, side)
+        return None, side, 1.0, rates(c)
 
-    def _pairs_allowed(self) -> bool:
-        """Moment sets in pairs (:meth:`_interpolated_moments`): on S^2, with the linear scheme and a limiter
-        that needs no face moments in the stage (not "maximum")."""
-        opt = self.options
-        return self._pair_moments and self.grid.dim == 3 and opt.scheme == "linear" and opt.limiter != "maximum"
+    def _side_only(self) -> bool:
+        """Interpolated moment sets without face moments (:meth:`_interpolated_moments`): unless the limiter
+        reads them in the stage ("maximum"), and while ``_pair_moments`` (a test switch: off, every set is
+        made whole and alone)."""
+        return self._pair_moments and self.options.limiter != "maximum"
 
-    def _compute_moments(self, a, a_prev=None, c=0.0):
+    def _compute_moments(self, a, a_prev=None, c=0.0, pooled=True):
         """Face moments (F, 2 + 2d) and their cell-major outflow copy (N, K, 1 + d), as a pair, from the
-        normal-velocity weights a (F, G), or from a + c (a - a_prev) when ``a_prev`` is given."""
+        normal-velocity weights a (F, G), or from a + c (a - a_prev) when ``a_prev`` is given; in arrays of
+        the pool, or new ones (``pooled`` False: see :meth:`_moment_arrays`)."""
         grid = self.grid
         if a_prev is None:
             a_prev, c = a, 0.0
         quadratic = self.options.scheme == "quadratic"
-        mom, side = self._moment_arrays()
+        mom, side = self._moment_arrays(pooled)
         if self.options.scheme == "log-quadratic":  # the weights point by point (the stage is not linear in them)
             fv.face_side_weights(a, a_prev, c, grid.face_points, grid.xbar, grid.owner, grid.neighbour,
                                  grid.face_slots, mom, side)
@@ -1007,9 +1039,11 @@ class Solver:
                 held.append((mom, side))
         self._pool = held
 
-    def _moment_arrays(self):
+    def _moment_arrays(self, pooled: bool = True):
         """Face moments (F, 2 + 2d) and cell-major moments (N, K, 1 + d[+ quadratic]) to be filled, the
-        padding slots of the latter zeroed (the kernels leave them alone).
+        padding slots of the latter zeroed (the kernels leave them alone). ``pooled`` False: a new pair
+        outside the pool, for moments kept apart from the step's sets (a time node's, whose face moments
+        are dropped while its cell-major set is kept: pooled, the pair would stay held whole).
 
         No array is handed out while anything still holds it: moments are memoised by identity
         (:meth:`_rates`, :meth:`_moments`) and kept across steps. A pair nobody else references (its
@@ -1019,7 +1053,7 @@ class Solver:
         (``validation/bench_transport.py``). The price is memory: a pair released by the memos stays in the
         pool (attention at nside 64, field_interval 4: peak +9.4 MB, 0.86 of a pair)."""
         grid = self.grid
-        for mom, side in self._pool:
+        for mom, side in self._pool if pooled else ():
             if _refs(mom) == _FREE_REFS and _refs(side) == _FREE_REFS:  # only the pool's tuple (and this loop)
                 return mom, side
         mom = np.empty((grid.n_faces, fv.moment_width(grid.dim)))
@@ -1030,7 +1064,7 @@ class Solver:
         if self._padding is None:
             self._padding = np.nonzero(grid.cell_face_sign == 0)
         side[self._padding] = 0.0
-        if _FREE_REFS and len(self._pool) < _POOL:
+        if pooled and _FREE_REFS and len(self._pool) < _POOL:
             self._pool.append((mom, side))
         return mom, side
 
@@ -1107,22 +1141,19 @@ class Solver:
         """(max outflow Courant rate, max discrete div v) of a moment set. Memoised on the last three sets
         (by identity; the sets are kept alive here): the same moments are asked for by the diagnostics
         after a step and by the next step, and a time-dependent local field's last stage is the next
-        state's (:meth:`_moments`)."""
+        state's (:meth:`_moments`). A set without face moments carries its rates (:meth:`_interpolated_moments`)."""
+        if len(mom) > 3:  # (m or None, side, 1, (rate, div))
+            return mom[3]
         s = mom[2] if len(mom) > 2 else 1.0  # moments (m, side, s) stand for s m (s >= 0)
-        key = mom[1] if mom[0] is None else mom[0]
         for m0, rates in self._rates_of:
-            if m0 is key:
+            if m0 is mom[0]:
                 rate, div = rates
                 break
         else:
             g = self.grid
-            if mom[0] is None:  # a stage's set without face moments (_interpolated_moments): no divergence
-                fv.side_outflow_rates(mom[1], g.areas, self._rate)
-                rate, div = float(self._rate.max()), np.nan
-            else:
-                fv.cell_rates(mom[0], g.cell_faces, g.cell_face_sign, g.areas, self._rate, self._div)
-                rate, div = float(self._rate.max()), float(self._div.max())
-            self._rates_of = (self._rates_of + [(key, (rate, div))])[-3:]
+            fv.cell_rates(mom[0], g.cell_faces, g.cell_face_sign, g.areas, self._rate, self._div)
+            rate, div = float(self._rate.max()), float(self._div.max())
+            self._rates_of = (self._rates_of + [(mom[0], (rate, div))])[-3:]
         return (rate, div) if s == 1.0 else (s * rate, s * div)
 
     def _record(self):
@@ -1216,8 +1247,6 @@ class Solver:
         self._model_before = self._model_state()
         self._activate(self.t)
         mom = self._moments(self.t, self.f)
-        if mom[0] is None:  # a stage's set without face moments (never the last stage's, which this is)
-            raise AssertionError(f"the state's moments at t = {self.t} lack their face moments")
         return mom
 
     @property
@@ -1317,12 +1346,9 @@ class Solver:
                 self._rhs_stage(u0, prev, mom, hs[s] * dt, alpha, out)
                 vals.append(out)
                 prev = out
-        finally:  # the pairs serve this attempt only; a set without face moments must not outlive it either
-            # (a retry at dt / 2 ends where this attempt's mid-stage was: that state needs its face moments)
+        finally:  # the pairs serve this attempt only
             self._stage_times = ()
             self._prefetched.clear()
-            if any(m[0] is None for _, _, m in self._timed):
-                self._timed = [e for e in self._timed if e[2][0] is not None]
         return vals
 
     def check_step_budget(self, t_end: float):

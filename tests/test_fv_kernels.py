@@ -85,43 +85,57 @@ def _face_side(g, a, a_prev, c):
     return mom, side
 
 
-def test_face_side_moments_pair_equals_two_passes():
-    # the two-time pass (S^2) against two single passes, to the last bit, padding slots left alone
-    # (tensor grid: its polar cells have padding) and neither time's moments written into the other's
+def test_lerp_moments_equal_their_numpy_twin():
+    # the time interpolation of moment arrays (Options.field_time) against NumPy's b + c (b - a) to the last
+    # bit, on a face-moment and a cell-major array (tensor grid: padding slots, zeros, stay zeros); the pair
+    # kernel equals two single calls, each time's result in its own array (a kernel that wrote the first
+    # time's values into both fails); and the combination is convex: nonnegative outflows stay nonnegative
     from spherepde.grids import TensorGrid
 
     for g in (HealpixGrid(4), TensorGrid(3, 8)):
         F, G = g.face_points.shape[:2]
-        a, a_prev = RNG.normal(size=(F, G)), RNG.normal(size=(F, G))
-        ref = [_face_side(g, a, a_prev, c) for c in (-0.3, -0.8)]
-        out = [(np.full_like(m, np.nan), np.full_like(sd, np.nan)) for m, sd in ref]
-        for _, sd in out:
-            sd[g.cell_face_sign == 0] = 0.0
-        for faces in ((True, True), (False, True), (True, False)):
-            for m, sd in out:
-                m[:] = np.nan
-                sd[g.cell_face_sign != 0] = np.nan
-            fv.face_side_moments_pair(a, a_prev, -0.3, -0.8, g.face_points, g.xbar, g.tangent_basis, g.owner,
-                                      g.neighbour, g.face_slots, out[0][0], out[0][1], out[1][0], out[1][1],
-                                      *faces)
-            for (m, sd), (m0, sd0), wanted in zip(out, ref, faces):
-                assert np.array_equal(sd, sd0)
-                # face moments where asked for, the array untouched (still NaN) where not
-                assert np.array_equal(m, m0) if wanted else np.isnan(m).all()
+        (ma, sa), (mb, sb) = (_face_side(g, RNG.normal(size=(F, G)), RNG.normal(size=(F, G)), 0.0) for _ in "ab")
+        for b, a in ((mb, ma), (sb, sa)):
+            for c in (-1.0, -0.3, 0.0):
+                out = np.full_like(b, np.nan)
+                fv.lerp_moments(b, a, c, out)
+                assert np.array_equal(out, b + c * (b - a))
+            o1, o2 = np.full_like(b, np.nan), np.full_like(b, np.nan)
+            fv.lerp_moments_pair(b, a, -0.3, -0.8, o1, o2)
+            assert np.array_equal(o1, b + -0.3 * (b - a)) and np.array_equal(o2, b + -0.8 * (b - a))
+        assert np.all(sa[..., 0] >= 0) and np.all(sb[..., 0] >= 0)  # slot 0: the cell's outflow through the face
+        out = np.empty_like(sb)
+        for c in np.linspace(-1.0, 0.0, 11):
+            fv.lerp_moments(sb, sa, c, out)
+            assert np.all(out[..., 0] >= 0)
+        assert np.all(out[g.cell_face_sign == 0] == 0.0)
 
 
-def test_side_outflow_rates_equal_cell_rates():
-    # the outflow rate from the cell-major moments alone equals cell_rates' to the last bit (padding slots
-    # of the tensor grid included)
+def test_interpolated_rates_equal_the_rates_of_interpolated_moments():
+    # an interpolated moment set (Options.field_time) takes its CFL rate and divergence from the two nodes'
+    # per-cell rates (fv.lerp_max), not from face moments it does not have: both are sums of the moments over
+    # the cell's faces, so they equal cell_rates of the interpolated face moments up to the rounding of those
+    # sums (a few ulps of the largest term: 1e-13 relative to the rates' scale, and measured 1e-16-1e-15);
+    # a lerp with the nodes swapped or c's sign flipped is off by O(1) here
     from spherepde.grids import TensorGrid
 
     for g in (HealpixGrid(4), TensorGrid(3, 8)):
         F, G = g.face_points.shape[:2]
-        mom, side = _face_side(g, RNG.normal(size=(F, G)), RNG.normal(size=(F, G)), 0.4)
-        rate, div, rate2 = np.empty(g.n_cells), np.empty(g.n_cells), np.full(g.n_cells, np.nan)
-        fv.cell_rates(mom, g.cell_faces, g.cell_face_sign, g.areas, rate, div)
-        fv.side_outflow_rates(side, g.areas, rate2)
-        assert np.array_equal(rate, rate2) and rate.min() >= 0
+        nodes = [_face_side(g, RNG.normal(size=(F, G)), RNG.normal(size=(F, G)), 0.0)[0] for _ in "ab"]
+        cells = []
+        for mom in nodes:
+            rate, div = np.empty(g.n_cells), np.empty(g.n_cells)
+            fv.cell_rates(mom, g.cell_faces, g.cell_face_sign, g.areas, rate, div)
+            cells.append((rate, div))
+        (ra, da), (rb, db) = cells
+        scale = max(np.abs(ra).max(), np.abs(da).max(), np.abs(rb).max(), np.abs(db).max())
+        m, rate, div = np.empty_like(nodes[0]), np.empty(g.n_cells), np.empty(g.n_cells)
+        for c in (-1.0, -0.7, -0.25, 0.0):
+            fv.lerp_moments(nodes[1], nodes[0], c, m)
+            fv.cell_rates(m, g.cell_faces, g.cell_face_sign, g.areas, rate, div)
+            assert abs(fv.lerp_max(rb, ra, c) - rate.max()) <= 1e-13 * scale
+            assert abs(fv.lerp_max(db, da, c) - div.max()) <= 1e-13 * scale
+            assert fv.lerp_max(rb, ra, c) == (rb + c * (rb - ra)).max()  # the NumPy twin, to the bit
 
 
 def _side(g, mom):

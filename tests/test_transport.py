@@ -106,8 +106,8 @@ def test_moment_pool_hands_out_only_arrays_nobody_holds(monkeypatch):
     real_refs, real_arrays = solver_mod._refs, solver_mod.Solver._moment_arrays
     handed = []
 
-    def counted(self):
-        pair = real_arrays(self)
+    def counted(self, pooled=True):
+        pair = real_arrays(self, pooled)
         handed.append(id(pair[0]))
         return pair
 
@@ -290,7 +290,7 @@ def test_interpolated_field_resumes_bit_for_bit(tmp_path):
 
 def test_interpolated_moments_in_pairs_give_the_same_bits(monkeypatch):
     """Two stage times of a step between the same two nodes get their moments in one pass
-    (fv.face_side_moments_pair, Solver._pair_moments): the run equals, to the last bit, the run that makes
+    (fv.lerp_moments_pair, Solver._pair_moments): the run equals, to the last bit, the run that makes
     one pass per stage time, and the pair pass is in fact taken on most steps (SSP-RK(4,3) asks for
     t + dt / 2 and t + dt; a node between them, or a stage rejected by its CFL check, falls back to single
     passes). A pair kernel that wrote the first time's moments into both sets, or a prefetched set served
@@ -298,13 +298,13 @@ def test_interpolated_moments_in_pairs_give_the_same_bits(monkeypatch):
     from spherepde.kernels import fv
 
     calls = [0]
-    pair = fv.face_side_moments_pair
+    pair = fv.lerp_moments_pair
 
     def counted(*args):
         calls[0] += 1
         return pair(*args)
 
-    monkeypatch.setattr(fv, "face_side_moments_pair", counted)
+    monkeypatch.setattr(fv, "lerp_moments_pair", counted)
     g = sp.HealpixGrid(8)
     model = sp.Prescribed.compiled(_precessing, max_speed=1.6)
     f0 = lambda x: 0.1 + np.exp(6 * (x[:, 0] - 1))  # noqa: E731
