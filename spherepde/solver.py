@@ -1246,8 +1246,7 @@ class Solver:
         same history, gets the same bits, and leaves the model where the uninterrupted run left it."""
         self._model_before = self._model_state()
         self._activate(self.t)
-        mom = self._moments(self.t, self.f)
-        return mom
+        return self._moments(self.t, self.f)
 
     @property
     def evaluators(self) -> dict:
