@@ -1284,7 +1284,8 @@ def test_transition_law_beta300_on_disk_and_its_tokens(tmp_path):
     0.3), more than 7 below the density law's a(300). The departure from E's plateau is the two-cluster law's: eps
     0.5's comes earlier level by level (5.85, 5.20, 5.05, 5.03 at nside_max 64-512, converged) and with Figure 4's
     converged eps 0.05 departure gives a slope in log(1 / eps) within 5 % of 1 / tanh(300) (measured 1.027), where
-    the exits' is below 0.3. Every row to T = 30, mass to 1e-14, f >= 0."""
+    the exits' is below 0.3; eps 1e-2's exit converges too (nside_max 512), within 5 % of eps 0.05's, while its
+    departure comes down onto that law from above (5 % over it at 512). Every row to T = 30, mass to 1e-14, f >= 0."""
     import json
     import math
 
@@ -1315,6 +1316,14 @@ def test_transition_law_beta300_on_disk_and_its_tokens(tmp_path):
     assert sorted(by[0.5]) == [64, 128, 256, 512] and all(x > y for x, y in zip(dep5, dep5[1:]))
     assert mod._step(dep5[-2], dep5[-1]) <= BAR["t_exit"]
     assert abs((dep05 - dep5[-1]) / math.log(0.5 / 0.05) * math.tanh(300.0) - 1) <= 0.05
+    # eps 1e-2 (nside_max 512 measured 2026-12-07): its exit converges (15.92 -> 15.98, 0.4 %) within 5 % of eps
+    # 0.05's, and its departure comes down onto the law from above level by level (15.63, 13.44, 11.12, 9.46
+    # at 64-512; the law with Figure 4's converged eps 0.05 departure: 7.39 + log 5 = 9.0; 512's is 5 % over it)
+    e2 = [by[1e-2][n] for n in sorted(by[1e-2])]
+    assert sorted(by[1e-2])[-1] == 512 and mod._step(e2[-2]["t_exit"], e2[-1]["t_exit"]) <= BAR["t_exit"]
+    assert abs(e2[-1]["t_exit"] / t0 - 1) <= 0.05
+    dep2, law2 = [r["t_depart"] for r in e2], dep05 + math.log(0.05 / 1e-2) / math.tanh(300.0)
+    assert all(x > y for x, y in zip(dep2, dep2[1:])) and 0 < dep2[-1] - law2 <= 0.1 * law2, (dep2, law2)
     text = "\n".join(mod.write_betas(path=tmp_path / "adaptive_betas.md"))
     assert "beta 300 is left out of a(beta)" in text and "from beta 30 to 100" in text and "to 300:" not in text
 
