@@ -23,7 +23,7 @@ class Prescribed(Model):
         tangent vectors. The normal component, if any, is removed (the flux only sees the tangent part).
         A time-dependent field is called at every face Gauss point at every new stage time, about 100
         times the cost of a steady field at nside 256; ``Options(field_time="interpolate")`` calls it at
-        time nodes only (error-controlled linear interpolation in time: 2.1 times the steady cost there),
+        time nodes only (error-controlled linear interpolation in time: 2.1-2.3 times the steady cost there),
         and :meth:`separable` and :meth:`compiled` are cheaper forms still.
     dim : int, default 3
         Ambient dimension d (the sphere is S^(d-1)).
