@@ -983,12 +983,13 @@ class Solver:
         def rates(c):  # the CFL rate and the divergence are linear in the moments: the nodes' per-cell ones
             return fv.lerp_max(rb[0], ra[0], c), fv.lerp_max(rb[1], ra[1], c)
 
-        mom, side = self._moment_arrays()
         if not self._side_only():
+            mom, side = self._moment_arrays()
             fv.lerp_moments(mb, ma, c, mom)
             fv.lerp_moments(sb, sa, c, side)
             return mom, side, 1.0, rates(c)
         # the stages read the cell-major set alone: no face moments are made
+        side = self._moment_arrays()[1]
         other = [u for u in self._stage_times if ta < u < tb and u != t and u not in self._prefetched]
         if other:  # another stage time of this attempt between the same nodes: both sets in one pass (the
             # same bits as two), the other kept for its stage

@@ -322,12 +322,13 @@ def test_interpolated_moments_in_pairs_give_the_same_bits(monkeypatch):
 
 
 def test_interpolated_pairs_survive_rejected_steps(monkeypatch):
-    """A stage set made without face moments (the pairs' non-final stage times) serves its attempt only. A
-    field that speeds up e^6-fold within a CFL step makes attempts fail their last stage's CFL check and
-    retry at half the step, whose end is the failed attempt's mid-stage: that state needs its face moments
-    (for the divergence of the record). Checked: the run completes with rejections, the recorded sup_div is
-    finite, and the bits equal the unpaired run's. Serving the attempt's set after it (no purge) fails
-    here."""
+    """Prefetched pairs serve their attempt only, and a set without face moments can be a state's. A field
+    that speeds up e^6-fold within a CFL step makes attempts fail their last stage's CFL check and retry at
+    half the step, whose end is the failed attempt's mid-stage: that state reuses the mid-stage's set, which
+    has no face moments and carries its rates (the divergence of the record among them, interpolated from
+    the nodes' per-cell values). Checked: the run completes with rejections, the recorded sup_div is finite
+    (a set that lacked its rates recorded NaN), and the bits equal those of the run that makes every set
+    whole and alone."""
     g = sp.HealpixGrid(4)
     model = sp.Prescribed(lambda x, t: math.exp(30.0 * t) * np.cross([0.0, 0.0, 1.0], x), max_speed=1.0)
     f0 = lambda x: 1.0 + x[:, 0]  # noqa: E731
