@@ -847,7 +847,7 @@ class SchemeConfig:
     atol: float = 1e-12
     max_dt: float = math.inf
     field_interval: int | None = None
-    field_time: str = "exact"
+    field_time: str = "auto"
     max_steps: int = 10**8
 
     @classmethod

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 #: quadratic reconstruction of log f (positive by construction; S^2).
 SCHEMES = ("upwind", "linear", "quadratic", "log-quadratic")
 LIMITERS = ("positivity", "maximum", "none")
-FIELD_TIMES = ("exact", "interpolate")
+FIELD_TIMES = ("auto", "exact", "interpolate")
 
 
 @dataclass(frozen=True)
@@ -122,12 +122,15 @@ class Options:
         between; with ``error_control`` it is recomputed earlier whenever the extrapolation error
         predicted from the last three fields exceeds ``rtol / 2`` (and at every stage until three fields
         are known), and the measured extrapolation error is recorded (``diagnostics["field_error"]``).
-    field_time : {"exact", "interpolate"}, default "exact"
+    field_time : {"auto", "exact", "interpolate"}, default "auto"
         Time-dependent local fields given point-wise (``Prescribed(velocity)`` with a plain NumPy
         ``velocity(x, t)``, or ``Prescribed.compiled``) only; separable fields (``Prescribed.separable``)
-        are already cheap and ignore it. "exact": the field is evaluated at every new stage time (the method
-        of lines; about 100 times the cost of a steady field at nside 256 for a NumPy field, 15-17 times for
-        a compiled one). "interpolate": the field's normal velocities at the face Gauss points are evaluated
+        are already cheap and ignore it. "auto": "interpolate" with ``error_control`` (whose steps already
+        carry an error of about rtol times the change, the level the interpolation is held to), "exact"
+        with fixed steps (a step-size ladder then measures the method of lines, not an interpolation error
+        set by rtol). "exact": the field is evaluated at every new stage time (the method of lines; about
+        100 times the cost of a steady field at nside 256 for a NumPy field, 15-17 times for a compiled
+        one). "interpolate": the field's normal velocities at the face Gauss points are evaluated
         at time nodes, and the face moments the stages read (the upwind outflow integrals) are interpolated
         linearly in time in between, as offline transport models interpolate stored mass fluxes. A convex
         combination of two upwind sets, they keep the outflows nonnegative; where a Gauss point's velocity
@@ -137,9 +140,10 @@ class Options:
         node re-placed closer when it fails, so that the interpolation error predicted from the second
         divided difference of the last three nodes' velocities, max |a''| H^2 / 8 relative to their L1
         size, is at most ``rtol / 2`` (the bound
-        ``field_interval`` keeps for the attention field; it holds with or without ``error_control``). The
-        first interval is one step long (no curvature is known yet); a node is never closer than an eighth
-        of a step (a field that jumps is then interpolated across that). The predicted error of the
+        ``field_interval`` keeps for the attention field). The first interval has its midpoint as a node
+        too, so its curvature is known from the start; a node is never closer than an eighth of a step,
+        and an interval that misses ``rtol / 2`` at that spacing (a field that jumps) is evaluated exactly
+        at its stage times, whose step control then answers the jump. The predicted error of the
         interval in use is recorded as ``diagnostics["field_error"]``. A stage's moments then cost one pass
         over the two nodes' cell-major moments (two stage times of a step between the same nodes share it;
         the same bits as two passes), with no face moments unless ``limiter="maximum"`` reads them (the CFL
@@ -158,7 +162,7 @@ class Options:
     atol: float = 1e-12
     max_dt: float = float("inf")
     field_interval: int | None = None
-    field_time: str = "exact"
+    field_time: str = "auto"
     max_steps: int = 10**8
 
     def __post_init__(self):
@@ -189,6 +193,12 @@ class Options:
             object.__setattr__(self, "field_interval", positive_int(self.field_interval, "field_interval"))
         if self.field_time not in FIELD_TIMES:
             raise ValueError(f"field_time must be one of {FIELD_TIMES}, got {self.field_time!r}")
+
+    @property
+    def interpolates_field(self) -> bool:
+        """Whether a time-dependent point-wise field is interpolated between time nodes (``field_time``
+        "interpolate", or "auto" under ``error_control``)."""
+        return self.field_time == "interpolate" or (self.field_time == "auto" and self.error_control)
         object.__setattr__(self, "max_steps", positive_int(self.max_steps, "max_steps"))
 
 
@@ -864,7 +874,7 @@ class Solver:
                 return mom, side
             fv.combine_weights(A, c, a)
             return self._compute_moments(a)
-        if self.options.field_time == "interpolate":
+        if self.options.interpolates_field:
             return self._interpolated_moments(t, f)
         out = None
         if getattr(active, "kernel", None) is not None:  # the compiled pass writes into one kept array
@@ -923,7 +933,13 @@ class Solver:
     def _cover(self, t: float, f: np.ndarray):
         """Place nodes until one lies at or after t (``Options.field_time``): each new node at the proposed
         spacing, moved closer while its interval's predicted error exceeds rtol / 2 (never closer than an
-        eighth of a step), and the next spacing proposed from the error met (at most twice the last)."""
+        eighth of a step), and the next spacing proposed from the error met (at most twice the last).
+
+        The first interval of a run (or a layer) gets its midpoint as a node too, so that its curvature, and
+        with it its error, is known from the start: a run that starts with a long step (a slow field, whose
+        CFL step is the whole run) would otherwise interpolate blind across it. An interval that misses the
+        target at the closest spacing keeps its error, and :meth:`_interpolated_moments` evaluates the
+        field itself there (the method of lines, whose step control then answers a field that jumps)."""
         target = 0.5 * self.options.rtol
         last_dt = self.diag["dt"][-1] if self.diag["dt"] else np.nan
         step = min((x for x in (self._dt_next, last_dt, 2.0 * (t - self.t)) if np.isfinite(x) and x > 0),
@@ -935,23 +951,22 @@ class Solver:
             h = self._node_h if np.isfinite(self._node_h) else max(2.0 * (t - ta), floor)
             while True:
                 at_floor = h <= floor
-                tb = ta + max(h, floor, t - ta if len(self._nodes) < 2 else 0.0)
+                tb = ta + max(h, floor)
                 if later and tb > later[0]:
                     tb = later[0]
-                self._nodes.append(tb)
-                if len(self._nodes) < 3:
-                    self._node_h = tb - ta
-                    err = 0.0
-                    break
+                new = [0.5 * (ta + tb), tb] if len(self._nodes) == 1 else [tb]
+                self._nodes.extend(new)
+                span = tb - self._nodes[-2]
                 err = self._node_error(len(self._nodes) - 2, f)
                 if err <= target or at_floor:
                     grow = 2.0 if err == 0 else min(2.0, 0.9 * np.sqrt(target / err))
-                    self._node_h = max(grow * (tb - ta), floor)
+                    self._node_h = max(grow * span, floor)
                     break
-                self._nodes.pop()
-                self._node_a.pop(tb, None)
+                for tk in new:
+                    self._nodes.pop()
+                    self._node_a.pop(tk, None)
                 h = (tb - ta) * max(0.2, 0.9 * np.sqrt(target / err))
-            self._node_errs = (self._node_errs + [err])[-len(self._nodes):]
+            self._node_errs = (self._node_errs + [err] * len(new))[-len(self._nodes):]
 
     def _interpolated_moments(self, t: float, f: np.ndarray):
         """Moments at t of the time-dependent local field interpolated linearly between its nodes
@@ -968,6 +983,8 @@ class Solver:
         if self._nodes[i] == t:
             return self._node_moments(t, f)[0]
         ta, tb = self._nodes[i], self._nodes[i + 1]
+        if self._node_errs[i + 1] > 0.5 * self.options.rtol:  # missed at the closest spacing (_cover): the field
+            return self._compute_moments(self._weights_at(t, f))  # itself, as field_time="exact" takes it
         self._field_err = max(self._field_err, self._node_errs[i + 1])  # (_cover: a node after t, its error)
         mom = self._prefetched.pop(t, None)
         if mom is not None:
@@ -1332,7 +1349,7 @@ class Solver:
         vals = [u0]
         n_main = len(st.stages)
         stages = st.stages + (st.extra if self.options.error_control else ())
-        if self.options.field_time == "interpolate":  # (_interpolated_moments: moments in pairs)
+        if self.options.interpolates_field:  # (_interpolated_moments: moments in pairs)
             self._stage_times = tuple(sorted({self.t + c * dt for _, c in stages[1:]}))
         try:
             for s, (alpha, c) in enumerate(stages):

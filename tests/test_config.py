@@ -50,6 +50,7 @@ def test_scheme_maps_to_options():
     assert c.options() == Options(scheme="upwind", stepper="ssprk3", cfl=0.25, field_interval=3,
                                   field_time="interpolate")
     assert "field_time" in str(error_of(BASE + '[scheme]\nfield_time = "linear"\n'))
+    assert cfg_with().options().field_time == "auto"
 
 
 def test_save_every_includes_end_and_save_at():
@@ -148,6 +149,25 @@ def test_documented_examples_parse(path):
     c = load_config(path)
     assert c.time.t_end >= 0
     c.build_model()
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
+def test_no_configured_model_is_a_time_dependent_pointwise_field(path):
+    """The premise on which a checkpoint's ``[scheme] field_time`` is not compared on resume
+    (``runner._acting``): the option acts only where the model in force is local and time-dependent, given
+    point-wise, and no configured model is; on every documented example, and on a configuration of layers
+    of prescribed fields (the one way a configured local field changes in time), at every layer start."""
+    from spherepde.models import terms
+
+    layered = BASE.replace('type = "zero_temperature"\nB = "paper"\nV = "paper"',
+                           'type = "layers"\n[[model.layers]]\nt_start = 0.0\ntype = "prescribed_rotation"\n'
+                           'axis = [0, 0, 1]\nomega = 1.0\n[[model.layers]]\nt_start = 0.5\n'
+                           'type = "prescribed_linear"\nM = [[0, 1, 0], [-1, 0, 0], [0, 0, 0.5]]')
+    for cfg in (load_config(path), parse_config(layered)):
+        model = cfg.build_model()
+        for t in (0.0,) + terms.boundaries(model):
+            active = terms.resolve(model, t)
+            assert not active.local or active.steady, (cfg.name, t, active)
 
 
 def test_beta_inf_is_the_zero_temperature_limit():

@@ -22,9 +22,10 @@ class Prescribed(Model):
         ``velocity(x, t)`` with ``x`` of shape (n, d) on the unit sphere; returns an (n, d) array of
         tangent vectors. The normal component, if any, is removed (the flux only sees the tangent part).
         A time-dependent field is called at every face Gauss point at every new stage time, about 100
-        times the cost of a steady field at nside 256; ``Options(field_time="interpolate")`` calls it at
-        time nodes only (error-controlled linear interpolation in time: 2.1-2.3 times the steady cost there),
-        and :meth:`separable` and :meth:`compiled` are cheaper forms still.
+        times the cost of a steady field at nside 256, with ``Options(field_time="exact")`` or fixed steps;
+        the default ``field_time="auto"`` under error control calls it at time nodes only (error-controlled
+        linear interpolation in time: 2.1-2.3 times the steady cost there), and :meth:`separable` and
+        :meth:`compiled` are cheaper forms still.
     dim : int, default 3
         Ambient dimension d (the sphere is S^(d-1)).
     steady : bool, default False
