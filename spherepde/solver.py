@@ -502,14 +502,43 @@ class Solver:
             if new is not None and new.size <= _PARTIAL_SHARE * self.grid.n_cells:
                 entries, dm = self._refresh_new_cells(entries, new)
                 moved = False
-        for t, ms in entries:
-            self._history.append((t, self._nonlocal_weights_now(self.f, t=t, means=ms), ms))
+        clean = self._clean_faces(old)
+        for (t, ms), (_, a_old, _) in zip(entries, history):
+            carry = None if clean is None else (a_old,) + clean
+            self._history.append((t, self._nonlocal_weights_now(self.f, t=t, means=ms, carry=carry), ms))
         self._history_moved = moved
         if dm is not None:  # the jump's size, measured as _push_field measures one: the step's field error
             (tp, ap, _), (tn, an, _) = self._history
             relative = self._field_measure(self.f, an + (self.t - tn) / (tn - tp) * (an - ap))
-            jump = sum(wh * self._weights_of_mean(head, shift) for (wh, head), shift in zip(self._heads, dm))
+            if clean is None:
+                jump = sum(wh * self._weights_of_mean(head, shift) for (wh, head), shift in zip(self._heads, dm))
+            else:  # zero on the clean faces: the shifts vanish on every cell their gradients read
+                dirty = clean[2]
+                jump = np.zeros(self.grid.face_points.shape[:2])
+                jump[dirty] = sum(wh * self._weights_of_mean(head, shift, faces=dirty)
+                                  for (wh, head), shift in zip(self._heads, dm))
             self._field_err = max(self._field_err, relative(jump))
+
+    def _clean_faces(self, old):
+        """(rows, src, dirty) after a regrid from ``old``: the faces whose attention weights, for means that
+        kept their values on the cells the regrid kept, are those of ``old``'s faces ``src`` bit for bit (a
+        face of :meth:`Grid.kept_faces` between two cells of :meth:`Grid.kept_stencils`: the same Gauss
+        points and normals, and the same means and gradients on both sides), and the others (``dirty``);
+        None where that does not hold or is not known: the grids do not say, the model has local terms
+        (their weights are not carried here) or a head without the fused form, or the field is third order.
+        A regrid changes ~0.5 % of the cells (the beta 300 transition-law member at nside_max 1024, t = 2.4:
+        300-900 of 140k), so the history's weights are remade on a few per cent of the faces, not all."""
+        if self._high_order_field or self._local_terms or \
+                any(getattr(head, "value_matrix", None) is None for _, head in self._heads):
+            return None
+        kept, same = self.grid.kept_faces(old), self.grid.kept_stencils(old)
+        if kept is None or same is None:
+            return None
+        rows, src = kept
+        ok = same[self.grid.owner[rows]] & same[self.grid.neighbour[rows]]
+        dirty = np.ones(self.grid.n_faces, bool)
+        dirty[rows[ok]] = False
+        return rows[ok], src[ok], np.flatnonzero(dirty)
 
     def _refresh_new_cells(self, entries, cells):
         """(entries, shifts): the moved history ``entries`` [(t_p, means), (t_n, means)] with the means at
@@ -612,13 +641,26 @@ class Solver:
         return a
 
     def _nonlocal_weights_now(self, f: np.ndarray, fused: bool = True, t: float | None = None,
-                              means: list | None = None) -> np.ndarray:
+                              means: list | None = None, carry=None) -> np.ndarray:
         """Normal-velocity weights a (F, G) of the model in force for the density f: its local terms plus
         sum_h w_h a_h over its attention heads (:func:`spherepde.models.terms.decompose`). ``means``: the
-        heads' means at the cell centres (:meth:`_head_means`), when they are known already."""
+        heads' means at the cell centres (:meth:`_head_means`), when they are known already. ``carry``:
+        (a_old, rows, src, dirty) of :meth:`_clean_faces` after a regrid, a_old the weights of these means
+        on the old grid: the rows copied from there, the dirty faces computed (the same bits as computing
+        all)."""
         t = self.t if t is None else t
         if means is None:
             means = self._head_means(f)
+        if carry is not None:
+            a_old, rows, src, dirty = carry
+            a = np.empty(self.grid.face_points.shape[:2])
+            a[rows] = a_old[src]
+            sub = None
+            for (w, head), m in zip(self._heads, means):
+                ah = self._weights_of_mean(head, m, fused, faces=dirty)
+                sub = w * ah if sub is None else sub + w * ah
+            a[dirty] = sub
+            return a
         a = self._local_weights(t, f)
         for (w, head), m in zip(self._heads, means):
             ah = self._weights_of_mean(head, m, fused)
@@ -633,15 +675,25 @@ class Solver:
         """Normal-velocity weights a (F, G) of one nonlocal (attention-type) term for the density f."""
         return self._weights_of_mean(model, self._grid_mean_field(f, model), fused)
 
-    def _weights_of_mean(self, model, m: np.ndarray, fused: bool = True) -> np.ndarray:
+    def _weights_of_mean(self, model, m: np.ndarray, fused: bool = True, faces=None) -> np.ndarray:
         """Normal-velocity weights a (F, G) of one nonlocal (attention-type) term from its mean m at the
         cell centres (linear in m).
 
         m is interpolated to the Gauss points with least-squares gradients (second order). For fields of
         the attention form v = P_x(V m) the weights come from one fused kernel (a = m . V^T W); other
-        models go through ``velocity_from_mean``.
+        models go through ``velocity_from_mean``. ``faces``: at those faces alone, (len(faces), G), the
+        fused form only (the gradients at their cells alone; the same bits as the rows of all).
         """
         grid = self.grid
+        if faces is not None:
+            o, n = grid.owner[faces], grid.neighbour[faces]
+            cells = np.unique(np.concatenate([o, n])).astype(np.int64)
+            grad = np.empty((grid.n_cells,) + m.shape[1:] + (grid.dim,))
+            fv.vector_gradient_at(m, cells, grid.stencil, grid.stencil_coef, grad)
+            a = np.empty((len(faces), grid.face_points.shape[1]))
+            fv.attention_normal_weights(m, grad, grid.xbar, o, n, grid.face_points[faces],
+                                        self._vtw_of(model, faces), a)
+            return a
         F, G, d = grid.face_points.shape
         if self._high_order_field:  # the quadratic scheme: the field third order too
             coef = grid.center_quadratic_coef
@@ -667,9 +719,13 @@ class Solver:
         v = model.velocity_from_mean(grid.face_points.reshape(-1, d), mg.reshape(-1, d)).reshape(F, G, d)
         return self._normal_weights(v)
 
-    def _vtw_of(self, model) -> np.ndarray:
-        """V^T W_g at every face Gauss point for an attention term's V (cached per term)."""
+    def _vtw_of(self, model, faces=None) -> np.ndarray:
+        """V^T W_g at every face Gauss point for an attention term's V (cached per term); at the faces
+        ``faces`` alone (not cached where the whole array is not)."""
         vtw = self._vtw.get(id(model))
+        if faces is not None:
+            return np.ascontiguousarray(vtw[faces] if vtw is not None else
+                                        self.grid.face_normals[faces] @ model.value_matrix)
         if vtw is None:
             vtw = self._vtw[id(model)] = np.ascontiguousarray(self.grid.face_normals @ model.value_matrix)
         return vtw

@@ -719,7 +719,7 @@ def test_a_regrid_refreshes_the_field_at_its_new_cells_only():
     s = sp.Solver(AdaptiveHealpixGrid(4, 16, refinement=Refinement(interval=1)), sp.Attention(P["B"], P["V"], 10.0),
                   lambda x: 1e-3 + np.exp(20 * (x @ c0 - 1)), sp.Options(field_interval=4))
     n = _counted_means(s)
-    inner, seen = s._move_history, []
+    inner, seen, dirty = s._move_history, [], []
 
     def checked(old, history):
         before = n[0]
@@ -741,14 +741,22 @@ def test_a_regrid_refreshes_the_field_at_its_new_cells_only():
         assert np.abs(mn[new] + c * (mn[new] - mp[new]) - full[new]).max() < 1e-11
         # ... with the moved slope
         assert np.allclose(mn[new] - mp[new], moved[1][new] - moved[0][new], rtol=0, atol=1e-13)
-        # the weights are the means' (the entries remade from the shifted means)
+        # the weights are the means' (the entries remade from the shifted means): carried from the old grid
+        # on the faces the regrid left clean (Solver._clean_faces), a small share of them remade; against
+        # every face remade from the means, to the rounding of the history's earlier shifts (weights and
+        # means shifted alike by _push_field)
+        clean = s._clean_faces(old)
+        assert clean is not None and 0 < len(clean[2]) < 0.5 * s.grid.n_faces
+        dirty.append(len(clean[2]) / s.grid.n_faces)
         assert np.allclose(an, s._nonlocal_weights_now(s.f, t=tn, means=[mn]), rtol=0, atol=1e-13)
+        assert np.allclose(ap, s._nonlocal_weights_now(s.f, t=tp, means=[mp]), rtol=0, atol=1e-13)
         assert s._field_err > 0  # the move's jump, measured
         seen.append(int(new.sum()))
 
     s._move_history = checked
     s.advance(0.6)
     assert len(seen) >= 3, seen  # regrids with a history of two fields happened and were checked
+    print("dirty face shares", dirty)
 
 
 def test_kept_cells_are_the_leaves_both_tilings_share():

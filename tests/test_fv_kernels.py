@@ -236,6 +236,22 @@ def test_vector_gradient_and_interpolation(setup):
     assert np.allclose(out, 0.5 * (eo + en), rtol=1e-13, atol=1e-14)
 
 
+def test_vector_gradient_at_some_cells_is_those_rows_of_all(setup):
+    """fv.vector_gradient_at (the gradients a regrid remakes at the cells next to its dirty faces): the rows
+    of fv.vector_gradient at those cells to the bit, the other rows untouched."""
+    g, a, f = setup
+    m = RNG.normal(size=(g.n_cells, 3))
+    full = np.empty((g.n_cells, 3, 3))
+    fv.vector_gradient(m, g.stencil, g.stencil_coef, full)
+    cells = np.sort(RNG.choice(g.n_cells, g.n_cells // 7, replace=False)).astype(np.int64)
+    part = np.full((g.n_cells, 3, 3), np.nan)
+    fv.vector_gradient_at(m, cells, g.stencil, g.stencil_coef, part)
+    assert np.array_equal(part[cells], full[cells])
+    rest = np.ones(g.n_cells, bool)
+    rest[cells] = False
+    assert np.isnan(part[rest]).all()
+
+
 def test_positivity_of_one_limited_euler_stage(setup):
     """The limiter's promise: one forward-Euler stage at outflow Courant number 1 keeps f >= 0."""
     g, a, f = setup

@@ -551,6 +551,7 @@ class AdaptiveHealpixGrid(Grid):
         same = np.zeros(N, bool)
         if _reuse is not None and have.any():
             same[have] = np.all(_reuse._stencil_uniq[old[have]] == self._stencil_uniq[have], axis=1)
+        self._same_stencil = same  # (kept_stencils: the cells whose gradient is the grid adapted from's)
         self.tangent_basis = tangent_frames(self.xbar)
         self.stencil_coef_local = np.empty((N, STENCIL_WIDTH, 2))
         self.stencil_coef_local[same] = _reuse.stencil_coef_local[old[same]] if same.any() else 0.0
@@ -861,6 +862,17 @@ class AdaptiveHealpixGrid(Grid):
         same = (np.all(old.face_points[src] == self.face_points[rows], axis=(1, 2))
                 & np.all(old.face_normals[src] == self.face_normals[rows], axis=(1, 2)))
         return rows[same], src[same]
+
+    def kept_stencils(self, old: "AdaptiveHealpixGrid"):
+        """:meth:`Grid.kept_stencils`: when this grid was adapted from ``old`` (:meth:`adapt`), the cells that
+        kept their stencil (the same leaves, so the same coefficients, copied, and the same mean position);
+        None for any other ``old``."""
+        if old is self:
+            return super().kept_stencils(old)
+        mine = getattr(self, "_faces_from", None)
+        if mine is None or mine[0] is None or mine[0] != getattr(old, "_token", None):
+            return None
+        return self._same_stencil
 
     def cells_state(self) -> dict:
         return {"uniq": self.uniq.copy()}

@@ -117,6 +117,16 @@ class Grid:
             return every, every
         return None
 
+    def kept_stencils(self, old: "Grid"):
+        """Boolean (N,): the cells of this grid whose least-squares gradient is the same computation as in
+        ``old`` (the grid :meth:`regrid` made it from): the cell itself, its stencil cells (leaves of ``old``
+        too), its mean position and its stencil coefficients, bit for bit. A field that keeps its cell values
+        on those cells has the same gradient bits there, and a face of :meth:`kept_faces` between two such
+        cells the same interpolated values at its Gauss points. None when unknown. A fixed grid keeps all."""
+        if old is self:
+            return np.ones(self.n_cells, bool)
+        return None
+
     def cells_state(self) -> dict:
         """What a checkpoint needs to rebuild this grid's cells ({} for a fixed grid; see :meth:`with_cells`)."""
         return {}

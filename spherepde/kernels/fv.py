@@ -1290,6 +1290,23 @@ def attention_normal_weights(m, grad, xbar, owner, neigh, pts, vtw, a):
 
 
 @njit(parallel=True, cache=True)
+def vector_gradient_at(m, cells, stencil, coef, grad):
+    """:func:`vector_gradient` at the cells ``cells`` alone (grad[cells] written, the other rows left as
+    they are): the same sums in the same order, so the same bits as the rows of the whole."""
+    S = stencil.shape[1]
+    k = m.shape[1]
+    d = coef.shape[2]
+    for r in prange(cells.shape[0]):
+        i = cells[r]
+        for c in range(k):
+            for j in range(d):
+                s = 0.0
+                for q in range(S):
+                    s += coef[i, q, j] * (m[stencil[i, q], c] - m[i, c])
+                grad[i, c, j] = s
+
+
+@njit(parallel=True, cache=True)
 def vector_gradient(m, stencil, coef, grad):
     """Unlimited least-squares gradients ``grad`` (N, k, d) of each column of ``m`` (N, k)."""
     N, S = stencil.shape
