@@ -365,6 +365,25 @@ def test_source_blocks_are_compact_and_a_partition():
     assert np.arccos(sb.bcr).max() < 0.45
 
 
+def test_kd_split_is_its_numpy_twin():
+    """kernels.attention.kd_split (the source blocks' order, compiled) against kd_split_numpy (the segment
+    loop it replaced): the same segment starts and the same points in every segment (random points: no two
+    share a median coordinate; the order within a segment may differ), for sizes that leave segments of
+    fewer than two points unsplit."""
+    from spherepde.kernels.attention import kd_split, kd_split_numpy
+
+    rng = np.random.default_rng(3)
+    for n, depth in ((1, 0), (3, 3), (1000, 5), (12289, 8)):
+        y = rng.normal(size=(n, 3))
+        y /= np.linalg.norm(y, axis=1, keepdims=True)
+        order, starts = kd_split(y, depth)
+        o2, s2 = kd_split_numpy(y, depth)
+        assert np.array_equal(starts, s2)
+        assert np.array_equal(np.sort(order), np.arange(n))
+        for a, b in zip(starts[:-1], starts[1:]):
+            assert np.array_equal(np.sort(order[a:b]), np.sort(o2[a:b]))
+
+
 def test_spectral_tail_and_fast_path_used():
     from scipy.special import spherical_in
 

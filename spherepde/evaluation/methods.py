@@ -59,10 +59,11 @@ DIRECT_RATE = 0.7e9
 #: on an earlier kernel).
 PRUNED_RATE = 0.6e9
 #: CPU seconds per source of the pruned method's blocks (:class:`SourceBlocks`), made once per source
-#: set and kept: 0.84-1.27 us a source of wall time on one thread (12k-197k HEALPix cells, measured
-#: 2026-12-06), counted twice since the other core waits. It decides one-off evaluations at few targets
-#: (the cells a regrid made, ``Solver._refresh_new_cells``), where the direct sums are the cheaper.
-PRUNED_SETUP = 2.4e-6
+#: set and kept: 0.24-0.30 us a source of wall time on one thread (12k-197k HEALPix cells, measured
+#: 2026-12-07 with the compiled split, :func:`~spherepde.kernels.attention.kd_split`; 0.84-1.27 us with
+#: the segment loop in Python before), counted twice since the other core waits. It decides one-off
+#: evaluations at few targets (the cells a regrid made, ``Solver._refresh_new_cells``).
+PRUNED_SETUP = 0.6e-6
 #: Targets at which :func:`pruned_fraction` counts the sources the pruned sums keep.
 PRUNED_SAMPLES = 16
 #: CPU seconds per source (or target) and squared degree of the in-house series (its coefficients; the
@@ -308,27 +309,10 @@ class SourceBlocks:
         N, d = sources.shape
         self.key = sources.copy()
         depth = max(0, math.ceil(math.log2(max(N / block, 1.0))))
-        order = np.arange(N)
-        segs = [(0, N)]
-        for _ in range(depth):
-            nxt = []
-            for a, b in segs:
-                if b - a < 2:
-                    nxt.append((a, b))
-                    continue
-                idx = order[a:b]
-                pts = sources[idx]
-                ax = int(np.argmax(pts.max(axis=0) - pts.min(axis=0)))
-                half = (b - a) // 2
-                part = np.argpartition(pts[:, ax], half)
-                order[a:b] = idx[part]
-                nxt.append((a, a + half))
-                nxt.append((a + half, b))
-            segs = nxt
+        order, self.bstart = _k.kd_split(np.ascontiguousarray(sources, dtype=np.float64), depth)
         self.perm = order
         self.S = np.ascontiguousarray(sources[order].T)
-        self.bstart = np.array([a for a, _ in segs] + [N], dtype=np.int64)
-        nbk = len(segs)
+        nbk = len(self.bstart) - 1
         self.sstart = np.append(np.arange(0, nbk, group), nbk).astype(np.int64)
         pts = sources[order]
         self.bc, self.bcr, self.bsr = self._geometry(pts, self.bstart)
