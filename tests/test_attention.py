@@ -643,6 +643,50 @@ def test_heavy_sources_skipped_only_where_bounded():
     assert np.array_equal(F[~skipped], full[~skipped])
 
 
+def test_heavy_sources_in_two_clusters_are_grouped():
+    """Two antipodal clusters (the late state of the attention flow at finite beta): the heavy sources are
+    summed by groups, each skipped where its own cap bounds it, so a target next to one cluster does not sum
+    the other's (one cap around both holds the whole sphere and skips nothing). The sums stay within the
+    bound added to delta of the direct sums over all heavy sources, that bound is <= 1e-3 delta, and the
+    direct work is at most 0.6 of all targets x all heavy sources (measured 0.45: each target sums the
+    cluster it is next to)."""
+    from spherepde.evaluation import methods as Mt
+    from spherepde.kernels import attention as K
+
+    rng = np.random.default_rng(5)
+    y = pix(64)
+    c = np.array([0.3, -0.5, 0.81]) / np.linalg.norm([0.3, -0.5, 0.81])
+    w = (np.exp(120.0 * (y @ c - 1.0)) + np.exp(120.0 * (-y @ c - 1.0)) + 1e-6) * 4 * np.pi / len(y)
+    model = Attention(np.eye(3), np.eye(3), 100.0)
+    heavy, wl = heavy_split(w)
+    H = int(heavy.sum())
+    assert Mt.HEAVY_GROUP * 2 <= H <= len(y) // Mt.HEAVY_FRACTION  # at least two groups
+    x = np.concatenate([y[heavy], rng.normal(size=(500, 3))])
+    x /= np.linalg.norm(x, axis=1)[:, None]
+    U, kappa = kernel_centres(model, x)
+    delta = np.full(len(x), 1e-14 * wl.sum())
+    F = np.zeros((len(x), 4))
+    pairs = [0]
+    inner = K.direct3_sums
+
+    def counted(Uh, kh, S, wg, out):
+        pairs[0] += Uh.shape[0] * S.shape[1]
+        inner(Uh, kh, S, wg, out)
+
+    Mt._k.direct3_sums = counted
+    try:
+        extra = add_heavy(heavy, U, kappa, y, w, F, delta)
+    finally:
+        Mt._k.direct3_sums = inner
+    full = np.empty((len(x), 4))
+    K.direct3_sums(U, kappa, np.ascontiguousarray(y[heavy].T), np.ascontiguousarray(w[heavy]), full)
+    # the sums of the groups added in another order than one pass: rounding 1e-13 of |full|
+    assert np.all(np.abs(F - full) <= extra[:, None] + 1e-13 * np.abs(full).max(axis=1, keepdims=True))
+    assert np.all(extra <= 1e-3 * delta + 1e-250)
+    assert pairs[0] <= 0.6 * len(x) * H, pairs[0] / (len(x) * H)
+    print("heavy", H, "share of the pairs summed", pairs[0] / (len(x) * H))
+
+
 def test_fast_spectral_flagged_targets_go_to_the_series_first():
     # a density spanning two decades (the state of a concentrating run): far from its bulk the fast
     # path's transform-error model flags many targets; the in-house series (rounding model ~1e3 tighter)

@@ -281,18 +281,21 @@ def test_auto_does_not_replan_the_fast_transforms_for_every_evaluation(monkeypat
 
 
 def test_auto_counts_the_pruned_sums_blocks_where_they_are_not_made_yet():
-    """The pruned sums sort their sources into blocks once per source set (~1.2 us a source, kept by the
-    evaluator). For a one-off evaluation at few targets, the field a regrid recomputes at the cells it
-    made (Solver._refresh_new_cells), making the blocks costs more than the pruning saves, and "auto"
-    takes the direct sums (measured at 1000 targets of a 96k-cell adaptive grid, beta 100, tol 1e-12:
-    0.04 s against 0.13 s). Once the evaluator holds the blocks of these sources, or for as many targets
-    as sources, the pruned sums are taken as before. Every field within tol of the direct sums."""
+    """The pruned sums sort their sources into blocks once per source set (~0.3 us a source, kept by the
+    evaluator). For a one-off evaluation at few targets (the field a regrid recomputes at the cells it
+    made, Solver._refresh_new_cells), making the blocks can cost more than the pruning saves, and "auto"
+    then takes the direct sums: at 410 targets of these 12288 sources (beta 100, tol 1e-12) 6.0 ms direct
+    against 6.2 ms pruned with its blocks, and "auto" sums directly; at 615 targets 8.6 against 7.6 ms, and
+    it takes the pruned sums; at 1152 of 110592, 0.16 s against 0.11 s (measured 2026-12-07 on one thread,
+    with the compiled split; with the split in Python the blocks cost 4x more, and direct won at 1000
+    targets of a 96k-cell grid). Once the evaluator holds the blocks of these sources, or for as many targets as sources, the
+    pruned sums are taken. Every field within tol of the direct sums."""
     y = _pix(32)
     w = _clusters(y, kappa=100.0, floor=1e-3)
     w /= w.sum()
     model = sp.Attention(P, V, 100.0, tol=1e-12)
     exact = sp.Attention(P, V, 100.0, method="direct")
-    few = y[::20]  # 614 targets: N M = 7.5e6, above the 4e6 where "auto" always sums directly
+    few = y[::30]  # 410 targets: N M = 5.0e6, above the 4e6 where "auto" sums directly whatever the costs
     ev = model.evaluator()
     ref = exact.mean_field(few, y, w)
     m, info = ev.mean_field(few, y, w)

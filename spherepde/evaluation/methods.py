@@ -211,41 +211,57 @@ def heavy_split(w):
     return heavy, np.where(heavy, 0.0, w)
 
 
+#: Most groups the heavy sources are split into (:func:`add_heavy`), each of at least HEAVY_GROUP sources.
+HEAVY_GROUPS_MAX = 8
+HEAVY_GROUP = 256
+
+
 def add_heavy(heavy, U, kappa, y, w, F, delta):
     """Adds the direct sums of the heavy sources to F (M, 4), at the targets where they can matter;
     returns the error bound (M,) this adds to each of the four sums, given the bound ``delta`` (M,) of
     the rest.
 
-    The heavy sources lie in a cap (centre c, angular radius r); at a target whose kernel centre u is at
-    angle theta from c, every heavy term is <= w_j exp(kappa (cos(max(theta - r, 0)) - 1)) (and |y| = 1
-    bounds the numerator terms alike), so the heavy sums are <= that times sum w_j. Where this is
-    <= 1e-3 delta (far from a concentrated density) the sums are skipped and the bound (doubled, for the
-    rounding of the angles) is added instead: the error bound grows by at most 0.1%. Elsewhere: the
-    direct sums, whose exp floor adds <= 2.6e-261 sum w_j."""
+    The heavy sources are split into G compact groups (the source blocks' median split, up to
+    HEAVY_GROUPS_MAX groups of at least HEAVY_GROUP sources: two clusters at +-c, the late state of the
+    attention flow, fall into different groups, where one cap around both would hold the whole sphere).
+    A group lies in a cap (centre c, angular radius r); at a target whose kernel centre u is at angle theta
+    from c, every term of the group is <= w_j exp(kappa (cos(max(theta - r, 0)) - 1)) (and |y| = 1 bounds
+    the numerator terms alike), so its sums are <= that times its sum w_j. Where this is <= 1e-3 delta / G
+    (far from that group) its sums are skipped and the bound (doubled, for the rounding of the angles) is
+    added instead: the error bound grows by at most 0.1% over all groups. Elsewhere: the direct sums,
+    whose exp floor adds <= 2.6e-261 sum w_j."""
     M = F.shape[0]
     if not heavy.any():
         return np.zeros(M)
-    yh = y[heavy]
+    yh = np.ascontiguousarray(y[heavy])
     wh = np.ascontiguousarray(w[heavy])
-    wsum = float(wh.sum())
-    extra = np.full(M, math.exp(EXP_FLOOR) * wsum)
-    todo = np.ones(M, dtype=bool)
-    c = wh @ yh
-    nc = float(np.linalg.norm(c))
-    if nc > 0.0:
-        c = c / nc
-        r = math.acos(min(1.0, max(-1.0, float((yh @ c).min())))) + 1e-12
-        theta = np.arccos(np.clip(U @ c, -1.0, 1.0))
-        cap = 2.0 * wsum * np.exp(kappa * (np.cos(np.maximum(theta - r, 0.0)) - 1.0))
-        skip = cap <= 1e-3 * delta
-        extra[skip] = cap[skip]
-        todo = ~skip
-    if todo.any():
-        sel = slice(None) if todo.all() else todo  # all: no copies of U and kappa
-        Uh, kh = np.ascontiguousarray(U[sel]), np.ascontiguousarray(kappa[sel])
-        Fh = np.empty((kh.shape[0], 4))
-        _k.direct3_sums(Uh, kh, np.ascontiguousarray(yh.T), wh, Fh)
-        F[sel] += Fh
+    depth = max(0, min(int(math.log2(HEAVY_GROUPS_MAX)), int(math.log2(max(len(wh) / HEAVY_GROUP, 1.0)))))
+    order, starts = _k.kd_split(yh, depth)
+    G = len(starts) - 1
+    extra = np.zeros(M)
+    for g in range(G):
+        idx = order[starts[g]:starts[g + 1]]
+        yg, wg = yh[idx], np.ascontiguousarray(wh[idx])
+        wsum = float(wg.sum())
+        todo = np.ones(M, dtype=bool)
+        floor = np.full(M, math.exp(EXP_FLOOR) * wsum)
+        c = wg @ yg
+        nc = float(np.linalg.norm(c))
+        if nc > 0.0:
+            c = c / nc
+            r = math.acos(min(1.0, max(-1.0, float((yg @ c).min())))) + 1e-12
+            theta = np.arccos(np.clip(U @ c, -1.0, 1.0))
+            cap = 2.0 * wsum * np.exp(kappa * (np.cos(np.maximum(theta - r, 0.0)) - 1.0))
+            skip = cap <= 1e-3 * delta / G
+            floor[skip] = cap[skip]
+            todo = ~skip
+        extra += floor
+        if todo.any():
+            sel = slice(None) if todo.all() else todo  # all: no copies of U and kappa
+            Uh, kh = np.ascontiguousarray(U[sel]), np.ascontiguousarray(kappa[sel])
+            Fh = np.empty((kh.shape[0], 4))
+            _k.direct3_sums(Uh, kh, np.ascontiguousarray(yg.T), wg, Fh)
+            F[sel] += Fh
     return extra
 
 
