@@ -835,8 +835,15 @@ class TimeConfig:
 @dataclass(frozen=True)
 class SchemeConfig:
     """``[scheme]``: the numerical options, one key per field of :class:`spherepde.solver.Options`
-    (same names, same defaults; ``max_dt`` may be ``inf``; ``field_interval = 0`` is the default None,
-    the field recomputed at every stage, so that a scan can switch it off)."""
+    (same names, same defaults but one; ``max_dt`` may be ``inf``; ``field_interval = 0`` is the default
+    None, the field recomputed at every stage, so that a scan can switch it off).
+
+    The one: ``field_time`` defaults to "exact" here, where ``Options`` defaults to "auto". It acts only on
+    time-dependent fields given point-wise, and no configured model is one (its prescribed fields are
+    steady, layer by layer: ``tests/test_config.py``), so it changes no configured run; but it is part of
+    the configuration's JSON, which names a run's checkpoint and results file and a sweep member's
+    directory, and "exact" is the value every configuration had before "auto": runs and sweep members of
+    earlier versions resume as the same experiments."""
 
     scheme: str = "linear"
     limiter: str = "positivity"
@@ -847,7 +854,7 @@ class SchemeConfig:
     atol: float = 1e-12
     max_dt: float = math.inf
     field_interval: int | None = None
-    field_time: str = "auto"
+    field_time: str = "exact"
     max_steps: int = 10**8
 
     @classmethod

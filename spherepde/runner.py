@@ -194,29 +194,19 @@ def run_experiment(config, output, *, restart: bool = False, progress: bool = Fa
 
 def _same_config(stored, current: str, out: Path) -> bool:
     """Is the configuration a checkpoint was written for (its JSON, ``stored``) this run's (``current``)?
-    Either the same JSON, or the same once read by this version's parser and stripped of the options that
-    act on no configured run (:func:`_acting`): a configuration written by an earlier version lacks the
-    options added since, which then take their defaults, and it is the same experiment."""
+    Either the same JSON, or the same once read by this version's parser: a configuration written by an
+    earlier version lacks the options added since, which then take their defaults (e.g. ``[scheme]
+    field_time``), and it is the same experiment."""
     if stored == current:
         return True
     try:
-        same = _acting(parse_config(json.loads(stored)).to_json()) == _acting(current)
+        same = parse_config(json.loads(stored)).to_json() == current
     except (ConfigError, ValueError, TypeError):  # not readable as a configuration: not this one
         return False
     if same:
         log.info("%s: its checkpoint was written by an earlier version; the options it lacks take their "
                  "defaults", out)
     return same
-
-
-def _acting(config_json: str) -> str:
-    """A configuration's JSON without ``[scheme] field_time``: it acts on time-dependent fields given
-    point-wise (``Prescribed(velocity)``, ``Prescribed.compiled``) alone, which no model type of a
-    configuration declares (its prescribed fields are steady, layer by layer), so a checkpoint written with
-    another value, or before the option existed or before its default became "auto", ran the same steps."""
-    d = json.loads(config_json)
-    d.get("scheme", {}).pop("field_time", None)
-    return json.dumps(d, sort_keys=True)
 
 
 def _extended(stored, cfg: ExperimentConfig) -> float | None:
@@ -229,7 +219,7 @@ def _extended(stored, cfg: ExperimentConfig) -> float | None:
         old = parse_config(json.loads(stored))
     except (ConfigError, ValueError, TypeError):
         return None
-    a, b = json.loads(_acting(old.to_json())), json.loads(_acting(cfg.to_json()))
+    a, b = old.to_dict(), cfg.to_dict()
     t_old, t_new = a["time"].pop("t_end"), b["time"].pop("t_end")
     if a != b or not t_new > t_old:
         return None

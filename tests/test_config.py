@@ -40,7 +40,7 @@ def test_minimal_config_defaults():
     np.testing.assert_array_equal(c.model.V, np.diag([-1.0, 1.0, -2.0]))
     assert c.initial.type == "uniform"
     np.testing.assert_array_equal(c.save_times(), [0.0, 1.0])
-    assert c.options() == Options()
+    assert c.options() == Options(field_time="exact")  # (SchemeConfig: the one default that differs)
     assert c.particles is None
 
 
@@ -50,7 +50,9 @@ def test_scheme_maps_to_options():
     assert c.options() == Options(scheme="upwind", stepper="ssprk3", cfl=0.25, field_interval=3,
                                   field_time="interpolate")
     assert "field_time" in str(error_of(BASE + '[scheme]\nfield_time = "linear"\n'))
-    assert cfg_with().options().field_time == "auto"
+    # the one default that differs from Options': it acts on no configured model (next test), and keeps the
+    # JSON of configurations of earlier versions, which names their checkpoints and sweep members
+    assert cfg_with().options().field_time == "exact" and Options().field_time == "auto"
 
 
 def test_save_every_includes_end_and_save_at():
@@ -153,10 +155,11 @@ def test_documented_examples_parse(path):
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
 def test_no_configured_model_is_a_time_dependent_pointwise_field(path):
-    """The premise on which a checkpoint's ``[scheme] field_time`` is not compared on resume
-    (``runner._acting``): the option acts only where the model in force is local and time-dependent, given
-    point-wise, and no configured model is; on every documented example, and on a configuration of layers
-    of prescribed fields (the one way a configured local field changes in time), at every layer start."""
+    """The premise on which ``[scheme] field_time`` keeps the default of earlier versions ("exact", where
+    ``Options`` has "auto"; ``SchemeConfig``): the option acts only where the model in force is local and
+    time-dependent, given point-wise, and no configured model is; on every documented example, and on a
+    configuration of layers of prescribed fields (the one way a configured local field changes in time), at
+    every layer start."""
     from spherepde.models import terms
 
     layered = BASE.replace('type = "zero_temperature"\nB = "paper"\nV = "paper"',
