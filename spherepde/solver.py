@@ -193,13 +193,13 @@ class Options:
             object.__setattr__(self, "field_interval", positive_int(self.field_interval, "field_interval"))
         if self.field_time not in FIELD_TIMES:
             raise ValueError(f"field_time must be one of {FIELD_TIMES}, got {self.field_time!r}")
+        object.__setattr__(self, "max_steps", positive_int(self.max_steps, "max_steps"))
 
     @property
     def interpolates_field(self) -> bool:
         """Whether a time-dependent point-wise field is interpolated between time nodes (``field_time``
         "interpolate", or "auto" under ``error_control``)."""
         return self.field_time == "interpolate" or (self.field_time == "auto" and self.error_control)
-        object.__setattr__(self, "max_steps", positive_int(self.max_steps, "max_steps"))
 
 
 @dataclass(frozen=True, eq=False)

@@ -257,6 +257,7 @@ def test_max_dt_caps_the_step(g8):
     ({"rtol": 0.0}, "rtol must be > 0"), ({"rtol": 1.0}, "rtol must be < 1"), ({"atol": -1.0}, "atol must be >= 0"),
     ({"max_dt": 0.0}, "max_dt must be > 0"), ({"max_dt": float("nan")}, "max_dt must be > 0"),
     ({"error_control": "yes"}, "error_control must be True or False"),
+    ({"max_steps": 0}, "max_steps must be an integer >= 1"), ({"field_time": "linear"}, "field_time must be one of"),
 ])
 def test_options_validation_of_the_error_control(kw, match):
     with pytest.raises((ValueError, TypeError), match=match):
