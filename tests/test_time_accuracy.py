@@ -333,10 +333,12 @@ def test_scheme_section_mirrors_options_and_parses_the_error_control():
     from spherepde.config import ConfigError, SchemeConfig
 
     assert [f.name for f in fields(SchemeConfig)] == [f.name for f in fields(Options)]
-    assert SchemeConfig().options() == Options()  # same defaults
+    # same defaults but field_time ("exact" in a configuration, where no model is a time-dependent point-wise
+    # field: SchemeConfig and tests/test_config.py)
+    assert SchemeConfig().options() == Options(field_time="exact")
     c = SchemeConfig.parse({"rtol": 1e-4, "atol": 0.0, "max_dt": 0.05, "error_control": False})
     assert asdict(c.options()) == {**asdict(Options()), "rtol": 1e-4, "atol": 0.0, "max_dt": 0.05,
-                                   "error_control": False}
+                                   "error_control": False, "field_time": "exact"}
     assert SchemeConfig.parse({"max_dt": float("inf")}).max_dt == float("inf")
     for bad in ({"rtol": 0}, {"rtol": 2.0}, {"max_dt": -1.0}, {"error_control": 1}, {"atol": -1e-3}):
         with pytest.raises(ConfigError, match="scheme." + next(iter(bad))):
