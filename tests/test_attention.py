@@ -365,19 +365,33 @@ def test_source_blocks_are_compact_and_a_partition():
     assert np.arccos(sb.bcr).max() < 0.45
 
 
-def test_kd_split_is_its_numpy_twin():
-    """kernels.attention.kd_split (the source blocks' order, compiled) against kd_split_numpy (the segment
-    loop it replaced): the same segment starts and the same points in every segment (random points: no two
-    share a median coordinate; the order within a segment may differ), for sizes that leave segments of
-    fewer than two points unsplit."""
-    from spherepde.kernels.attention import kd_split, kd_split_numpy
+def test_median_split_gives_the_blocks_of_the_segment_loop():
+    """evaluation.methods.median_split (the source blocks and the heavy groups, by the dual tree's compiled
+    bisection) against the NumPy segment loop SourceBlocks ran before: the same segment starts and the same
+    points in every segment (random points: no two share a median coordinate; the order within a segment
+    may differ)."""
+    from spherepde.evaluation.methods import median_split
+
+    def segment_loop(points, depth):
+        order, segs = np.arange(len(points)), [(0, len(points))]
+        for _ in range(depth):
+            nxt = []
+            for a, b in segs:
+                idx = order[a:b]
+                pts = points[idx]
+                ax = int(np.argmax(pts.max(axis=0) - pts.min(axis=0)))
+                half = (b - a) // 2
+                order[a:b] = idx[np.argpartition(pts[:, ax], half)]
+                nxt += [(a, a + half), (a + half, b)]
+            segs = nxt
+        return order, np.array([a for a, _ in segs] + [len(points)])
 
     rng = np.random.default_rng(3)
-    for n, depth in ((1, 0), (3, 3), (1000, 5), (12289, 8)):
+    for n, depth in ((1, 0), (5, 2), (1000, 5), (12289, 8)):
         y = rng.normal(size=(n, 3))
         y /= np.linalg.norm(y, axis=1, keepdims=True)
-        order, starts = kd_split(y, depth)
-        o2, s2 = kd_split_numpy(y, depth)
+        order, starts = median_split(y, depth)
+        o2, s2 = segment_loop(y, depth)
         assert np.array_equal(starts, s2)
         assert np.array_equal(np.sort(order), np.arange(n))
         for a, b in zip(starts[:-1], starts[1:]):

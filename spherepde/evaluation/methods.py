@@ -60,8 +60,8 @@ DIRECT_RATE = 0.7e9
 PRUNED_RATE = 0.6e9
 #: CPU seconds per source of the pruned method's blocks (:class:`SourceBlocks`), made once per source
 #: set and kept: 0.24-0.30 us a source of wall time on one thread (12k-197k HEALPix cells, measured
-#: 2026-12-07 with the compiled split, :func:`~spherepde.kernels.attention.kd_split`; 0.84-1.27 us with
-#: the segment loop in Python before), counted twice since the other core waits. It decides one-off
+#: 2026-12-07 with the compiled split, :func:`median_split`; 0.84-1.27 us with the segment loop in Python
+#: before), counted twice since the other core waits. It decides one-off
 #: evaluations at few targets (the cells a regrid made, ``Solver._refresh_new_cells``).
 PRUNED_SETUP = 0.6e-6
 #: Targets at which :func:`pruned_fraction` counts the sources the pruned sums keep.
@@ -211,6 +211,17 @@ def heavy_split(w):
     return heavy, np.where(heavy, 0.0, w)
 
 
+def median_split(points, depth: int):
+    """(order, starts): ``depth`` levels of recursive median bisection of the points (n, d), each segment
+    split along its coordinate of largest spread (:func:`spherepde.kernels.tree.balanced_tree`, the dual
+    tree's), as the 2^depth leaves' runs of ``order`` (starts[k]:starts[k + 1]; n last). With
+    n >= 2^depth every leaf holds a point: the blocks of :class:`SourceBlocks` and the groups of
+    :func:`add_heavy` keep >= 32 and >= 256."""
+    order, start, _ = _tree_kernels.balanced_tree(np.ascontiguousarray(points, dtype=np.float64), depth)
+    first = (1 << depth) - 1
+    return order, np.append(start[first:first + (1 << depth)], len(points)).astype(np.int64)
+
+
 #: Most groups the heavy sources are split into (:func:`add_heavy`), each of at least HEAVY_GROUP sources.
 HEAVY_GROUPS_MAX = 8
 HEAVY_GROUP = 256
@@ -236,7 +247,7 @@ def add_heavy(heavy, U, kappa, y, w, F, delta):
     yh = np.ascontiguousarray(y[heavy])
     wh = np.ascontiguousarray(w[heavy])
     depth = max(0, min(int(math.log2(HEAVY_GROUPS_MAX)), int(math.log2(max(len(wh) / HEAVY_GROUP, 1.0)))))
-    order, starts = _k.kd_split(yh, depth)
+    order, starts = median_split(yh, depth)
     G = len(starts) - 1
     extra = np.zeros(M)
     for g in range(G):
@@ -325,7 +336,7 @@ class SourceBlocks:
         N, d = sources.shape
         self.key = sources.copy()
         depth = max(0, math.ceil(math.log2(max(N / block, 1.0))))
-        order, self.bstart = _k.kd_split(np.ascontiguousarray(sources, dtype=np.float64), depth)
+        order, self.bstart = median_split(sources, depth)
         self.perm = order
         self.S = np.ascontiguousarray(sources[order].T)
         nbk = len(self.bstart) - 1

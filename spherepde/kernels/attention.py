@@ -32,7 +32,7 @@ import numpy as np
 from .fastexp import (_LOG2E, EXP_FLOOR, Q1, Q2, Q3, Q4, Q5, Q6, Q7, Q8, Q9, Q10, SHIFTER, _f2i, _i2f, fexp,
                       fexp_floor, fexp_ftz, fma, opaque, poly10)
 
-__all__ = ["direct3", "direct3_sums", "direct_nd", "kd_split", "pruned", "pruned3", "pruned_keep_counts", "sph_tail",
+__all__ = ["direct3", "direct3_sums", "direct_nd", "pruned", "pruned3", "pruned_keep_counts", "sph_tail",
            "sph_bessel_scaled", "sph_coeffs", "sph_eval", "sph_recurrence"]
 
 # reassoc lets LLVM vectorise the reductions; no 'nnan'/'ninf' (LW holds -inf on purpose).
@@ -979,78 +979,3 @@ def pruned_keep_counts(YT, LW, U, kappa, gap, counts):
     for c in range(K):
         counts[c] = cnt[:, c].sum()
 
-
-@nb.njit(cache=True)
-def kd_split(points, depth):
-    """The source blocks' order (:class:`spherepde.evaluation.SourceBlocks`): ``depth`` levels of splitting
-    every segment of ``order`` (initially all of 0..N-1) of at least 2 points at its median, half = n // 2
-    to the left, along the coordinate of largest spread (max - min) of the segment's points (the first such
-    coordinate on a tie); (order, starts), starts the 2^depth segments' first positions (length 2^depth +
-    1, N last; a segment of fewer than 2 points is carried to the next level unsplit, as empty halves are
-    not made). :func:`kd_split_numpy` is its NumPy twin (the same partition where no two points share a
-    median coordinate: the order within a half may differ)."""
-    N, d = points.shape
-    order = np.arange(N)
-    starts = np.zeros(1, np.int64)
-    ends = np.full(1, N, np.int64)
-    for _ in range(depth):
-        ns = np.empty(2 * starts.shape[0], np.int64)
-        ne = np.empty(2 * starts.shape[0], np.int64)
-        k = 0
-        for s in range(starts.shape[0]):
-            a, b = starts[s], ends[s]
-            if b - a < 2:
-                ns[k] = a
-                ne[k] = b
-                k += 1
-                continue
-            ax, best = 0, -1.0
-            for c in range(d):
-                lo, hi = np.inf, -np.inf
-                for i in range(a, b):
-                    v = points[order[i], c]
-                    lo = min(lo, v)
-                    hi = max(hi, v)
-                if hi - lo > best:
-                    ax, best = c, hi - lo
-            half = (b - a) // 2
-            key = np.empty(b - a)
-            for i in range(a, b):
-                key[i - a] = points[order[i], ax]
-            part = np.argpartition(key, half)
-            seg = order[a:b].copy()
-            for i in range(b - a):
-                order[a + i] = seg[part[i]]
-            ns[k] = a
-            ne[k] = a + half
-            ns[k + 1] = a + half
-            ne[k + 1] = b
-            k += 2
-        starts, ends = ns[:k], ne[:k]
-    out = np.empty(starts.shape[0] + 1, np.int64)
-    out[:-1] = starts
-    out[-1] = N
-    return order, out
-
-
-def kd_split_numpy(points, depth):
-    """:func:`kd_split` in NumPy, segment by segment (its twin and reference)."""
-    N = points.shape[0]
-    order = np.arange(N)
-    segs = [(0, N)]
-    for _ in range(depth):
-        nxt = []
-        for a, b in segs:
-            if b - a < 2:
-                nxt.append((a, b))
-                continue
-            idx = order[a:b]
-            pts = points[idx]
-            ax = int(np.argmax(pts.max(axis=0) - pts.min(axis=0)))
-            half = (b - a) // 2
-            part = np.argpartition(pts[:, ax], half)
-            order[a:b] = idx[part]
-            nxt.append((a, a + half))
-            nxt.append((a + half, b))
-        segs = nxt
-    return order, np.array([a for a, _ in segs] + [N], dtype=np.int64)

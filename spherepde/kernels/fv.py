@@ -1306,20 +1306,10 @@ def vector_gradient_at(m, cells, stencil, coef, grad):
                 grad[i, c, j] = s
 
 
-@njit(parallel=True, cache=True)
 def vector_gradient(m, stencil, coef, grad):
-    """Unlimited least-squares gradients ``grad`` (N, k, d) of each column of ``m`` (N, k)."""
-    N, S = stencil.shape
-    k = m.shape[1]
-    d = coef.shape[2]
-    for i in prange(N):
-        for c in range(k):
-            for j in range(d):
-                s = 0.0
-                for q in range(S):
-                    s += coef[i, q, j] * (m[stencil[i, q], c] - m[i, c])
-                grad[i, c, j] = s
-
+    """Unlimited least-squares gradients ``grad`` (N, k, d) of each column of ``m`` (N, k):
+    :func:`vector_gradient_at` at every cell."""
+    vector_gradient_at(m, np.arange(stencil.shape[0], dtype=np.int64), stencil, coef, grad)
 
 
 @njit(parallel=True)
