@@ -931,8 +931,13 @@ class Solver:
             return self._compute_moments(a)
         if self.options.interpolates_field:
             return self._interpolated_moments(t, f)
+        return self._exact_moments(t, f)
+
+    def _exact_moments(self, t: float, f: np.ndarray):
+        """Moments at t of the time-dependent local field given point-wise, evaluated at t itself
+        (``field_time="exact"``, and the intervals the interpolation misses)."""
         out = None
-        if getattr(active, "kernel", None) is not None:  # the compiled pass writes into one kept array
+        if getattr(self._active, "kernel", None) is not None:  # the compiled pass writes into one kept array
             key = (self._active_key, "kernel weights")
             if key not in self._steady_cache:
                 self._steady_cache[key] = np.empty(self.grid.face_points.shape[:2])
@@ -1039,7 +1044,7 @@ class Solver:
             return self._node_moments(t, f)[0]
         ta, tb = self._nodes[i], self._nodes[i + 1]
         if self._node_errs[i + 1] > 0.5 * self.options.rtol:  # missed at the closest spacing (_cover): the field
-            return self._compute_moments(self._weights_at(t, f))  # itself, as field_time="exact" takes it
+            return self._exact_moments(t, f)  # itself, as field_time="exact" takes it
         self._field_err = max(self._field_err, self._node_errs[i + 1])  # (_cover: a node after t, its error)
         mom = self._prefetched.pop(t, None)
         if mom is not None:

@@ -848,9 +848,8 @@ class AdaptiveHealpixGrid(Grid):
         then; otherwise the keys are matched and the geometry compared."""
         if old is self:
             return super().kept_faces(old)
-        mine = getattr(self, "_faces_from", None)
-        if mine is not None and mine[0] is not None and mine[0] == getattr(old, "_token", None):
-            return mine[1], mine[2]  # adapted from ``old``: these faces' geometry was copied from it
+        if self._adapted_from(old):
+            return self._faces_from[1], self._faces_from[2]  # these faces' geometry was copied from ``old``
         if not isinstance(old, AdaptiveHealpixGrid) or old.n_faces == 0 or \
                 old.face_points.shape[1:] != self.face_points.shape[1:]:
             return None
@@ -869,10 +868,13 @@ class AdaptiveHealpixGrid(Grid):
         None for any other ``old``."""
         if old is self:
             return super().kept_stencils(old)
+        return self._same_stencil if self._adapted_from(old) else None
+
+    def _adapted_from(self, old) -> bool:
+        """Whether this grid was adapted from ``old`` (:meth:`adapt`, which records ``old``'s token with the
+        faces it copied)."""
         mine = getattr(self, "_faces_from", None)
-        if mine is None or mine[0] is None or mine[0] != getattr(old, "_token", None):
-            return None
-        return self._same_stencil
+        return mine is not None and mine[0] is not None and mine[0] == getattr(old, "_token", None)
 
     def cells_state(self) -> dict:
         return {"uniq": self.uniq.copy()}

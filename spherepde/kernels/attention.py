@@ -978,4 +978,3 @@ def pruned_keep_counts(YT, LW, U, kappa, gap, counts):
             cnt[ch, c] = n
     for c in range(K):
         counts[c] = cnt[:, c].sum()
-
