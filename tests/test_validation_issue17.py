@@ -1273,6 +1273,50 @@ def test_token_law_amplitude_of_a_sample_and_its_ensemble_prediction():
     assert abs(t.mean() - mean) < 0.08 and abs(t.std() - sd) < 0.08, (t.mean(), mean, t.std(), sd)
 
 
+def test_token_law_stall_seed_and_the_two_stage_prediction():
+    """validation/token_ensembles/law.py, t_EF: (1) the perturbed f0's first moment along e2 is eps / 3 and
+    Var(x2) = 1/3 under the uniform measure (the same exact product rule as above, to rounding); (2) the
+    two-stage prediction, exit law at 30 mean(x1 x3) plus stall law at 3 mean(x2), against a Monte Carlo of 4000
+    samples of 500 tokens: its mean and spread to 0.11, 4.5 standard errors of the Monte Carlo mean (1.57 /
+    sqrt(4000) = 0.025) plus the central limit's O(1/n). The spread checks that the two seeds are independent
+    (fully correlated seeds would give 2.2, not 1.57); a stall amplitude without its factor 3 moves the mean by
+    1.1; (3) per_seed_stall on runs made to follow a stall law exactly reads it back (correlation 1, its slope,
+    its intercept, rms 0) and the whole prediction of t_EF with rms 0."""
+    from spherepde.config import perturbed_uniform
+
+    mod = C.load_study("token_ensembles")
+    law = importlib.import_module("validation.token_ensembles.law")
+    z, wz = np.polynomial.legendre.leggauss(20)
+    phi = np.arange(40) * 2 * np.pi / 40
+    Z, P = np.meshgrid(z, phi, indexing="ij")
+    r = np.sqrt(1 - Z ** 2)
+    x = np.stack([r * np.cos(P), r * np.sin(P), Z], axis=-1).reshape(-1, 3)
+    w = (wz[:, None] * np.full(40, 2 * np.pi / 40)[None, :]).ravel()
+    for eps in (0.05, 0.3):
+        assert abs(law.EQUIV2 * np.sum(w * x[:, 1] * perturbed_uniform(x, eps)) - eps) < 1e-13
+    assert abs(np.sum(w * x[:, 1] ** 2) / (4 * np.pi) - law.VAR2) < 1e-14
+
+    rng = np.random.default_rng(11)
+    a, b, c, b2, n = 3.4, 1.0, 3.1, 1.02, 500
+    t = []
+    for _ in range(4000):
+        s = mod.sample_uniform(n, 3, rng=rng)
+        t.append(a + b * np.log(1 / abs(law.eps_equivalent(s))) + c + b2 * np.log(1 / abs(law.eps_stall(s))))
+    t = np.array(t)
+    mean, sd, stage = law.ef_ensemble_prediction(n, a, b, c, b2)
+    assert abs(t.mean() - mean) < 0.11 and abs(t.std() - sd) < 0.11, (t.mean(), mean, t.std(), sd)
+    assert stage == law.ensemble_prediction(n, c, b2, law.EQUIV2, law.VAR2)[0]
+
+    eps2 = np.geomspace(1e-3, 0.3, 12) * np.where(np.arange(12) % 2, 1, -1)
+    eps13 = np.geomspace(0.02, 0.5, 12)[::-1]
+    runs = [{"n": 1000, "eps_stall": e2, "eps_eq": e1, "m12": 0.01 * (i + 1), "m23": 0.02 / (i + 1),
+             "t_exit": a + b * np.log(1 / e1), "t_EF": a + b * np.log(1 / e1) + c + b2 * np.log(1 / abs(e2))}
+            for i, (e1, e2) in enumerate(zip(eps13, eps2))]
+    q, = law.per_seed_stall(runs, [1000], a, b, (c, b2))
+    assert q["runs"] == 12 and abs(q["corr"] - 1) < 1e-12 and abs(q["slope"] - b2) < 1e-12
+    assert abs(q["intercept_at_slope"] - c) < 1e-12 and q["rms_law"] < 1e-12 and q["rms_t_EF"] < 1e-12
+
+
 def test_transition_law_beta300_on_disk_and_its_tokens(tmp_path):
     """adaptive_beta300.json and token_ensembles/law.json at beta 300 (transition_law/README.md, "At beta 300"):
     the exit is not the two-cluster law's. eps 0.5 converges (last step <= 2 %) at 15.9, within 5 % of Figure 4's

@@ -54,6 +54,12 @@ MEAN_NEG_LOG_ABS_Z = (np.euler_gamma + math.log(2.0)) / 2.0
 STD_LOG_ABS_Z = math.pi / (2.0 * math.sqrt(2.0))
 
 
+#: eps of the perturbed f0 per unit of the first moment int x2 f: int x2 (eps x2) / (4 pi) = eps / 3
+EQUIV2 = 3.0
+#: Var(x2) under the uniform measure on S^2
+VAR2 = 1.0 / 3.0
+
+
 def eps_equivalent(x) -> float:
     """The perturbed f0's amplitude with the sample's x1 x3 moment: 30 mean(x1 x3) (signed)."""
     x = np.asarray(x, float)
@@ -68,10 +74,40 @@ def eps_hemisphere(x) -> float:
     return float(16.0 * np.mean(np.sign(x[:, 0]) * x[:, 2]))
 
 
-def ensemble_prediction(n: int, a: float, b: float) -> tuple[float, float]:
-    """(mean, standard deviation) of t_exit over uniform samples of n tokens that the law a + b log(1 / |eps|)
-    predicts with eps = 30 m13 ~ N(0, 900 / (15 n))."""
-    return (a + b * (math.log(math.sqrt(n / VAR13) / EQUIV) + MEAN_NEG_LOG_ABS_Z), b * STD_LOG_ABS_Z)
+def eps_stall(x) -> float:
+    """The perturbed f0's amplitude with the sample's first moment along e2: 3 mean(x2) (signed). The stall on
+    the cone <c, B c> = 0 is left by the translation of both clusters along e2 (rate 1,
+    ``validation/cluster_dynamics``), a perturbation odd under x -> -x and under x2 -> -x2: of f0's perturbation
+    only eps x2 lies in that class (x1 x2 and x3 x1 are even under x -> -x), and its moment int x2 f0 is eps / 3."""
+    x = np.asarray(x, float)
+    return float(EQUIV2 * np.mean(x[:, 1]))
+
+
+def ensemble_prediction(n: int, a: float, b: float, equiv: float = EQUIV, var: float = VAR13) -> tuple[float, float]:
+    """(mean, standard deviation) of a + b log(1 / |eps|) over uniform samples of n tokens whose amplitude is
+    eps = equiv x (the mean of a function of variance var) ~ N(0, equiv^2 var / n): by default the exit's,
+    eps_eq = 30 m13 ~ N(0, 900 / (15 n)); with ``EQUIV2``, ``VAR2`` the stall's, 3 mean(x2) ~ N(0, 3 / n)."""
+    return (a + b * (math.log(math.sqrt(n / var) / equiv) + MEAN_NEG_LOG_ABS_Z), b * STD_LOG_ABS_Z)
+
+
+def stall_law(beta: float):
+    """(c, b2) of the second stage t_EF - t_exit = c + b2 log(1 / eps) that the density-level laws give for the
+    perturbed f0, whose two seeds (the exit's x1 x3 and the stall's x2) both scale with eps: the t_EF law
+    (:func:`density_law_ef`) less the exit's. None where the density-level t_EF law does not exist."""
+    ef = density_law_ef(beta)
+    if ef is None:
+        return None
+    a, b = density_law(beta)[:2]
+    return ef[0] - a, ef[1] - b
+
+
+def ef_ensemble_prediction(n: int, a: float, b: float, c: float, b2: float) -> tuple[float, float, float]:
+    """(mean t_EF, its standard deviation, mean t_EF - t_exit) over uniform samples of n tokens: the exit at
+    eps_eq = 30 m13 and the stall at 3 mean(x2), independent (the two moments are uncorrelated under the
+    uniform measure and jointly normal in the limit), each through its law."""
+    m1, s1 = ensemble_prediction(n, a, b)
+    m2, s2 = ensemble_prediction(n, c, b2, EQUIV2, VAR2)
+    return m1 + m2, math.hypot(s1, s2), m2
 
 
 def _law_rows(beta: float):
@@ -115,8 +151,9 @@ def one_beta(beta: float, ns, seeds: int, seeds_large: int, t_end: float) -> dic
             x0 = sample_uniform(n, 3, rng=np.random.default_rng(s))  # one_run's draw
             r = one_run(n, s, t_end, HERE / "runs", beta=beta)
             e = eps_equivalent(x0)
-            runs.append({"n": n, "seed": s, "eps_eq": e, "eps_hemi": eps_hemisphere(x0), "t_exit": r["t_exit"],
-                         "t_EF": r["t_EF"], "predicted": a + b * math.log(1.0 / abs(e))})
+            runs.append({"n": n, "seed": s, "eps_eq": e, "eps_hemi": eps_hemisphere(x0), "eps_stall": eps_stall(x0),
+                         "m12": float(np.mean(x0[:, 0] * x0[:, 1])), "m23": float(np.mean(x0[:, 1] * x0[:, 2])),
+                         "t_exit": r["t_exit"], "t_EF": r["t_EF"], "predicted": a + b * math.log(1.0 / abs(e))})
             print(f"beta {beta:g}, n {n} seed {s}: eps_eq {e:+.4f}, t_exit {r['t_exit']:.3f}, "
                   f"law {runs[-1]['predicted']:.3f}", flush=True)
     if beta == BETA:  # every ensemble of the study, the n = 1e5 one included
@@ -146,19 +183,63 @@ def one_beta(beta: float, ns, seeds: int, seeds_large: int, t_end: float) -> dic
                          "std": float(np.std(Y)), "eps_eq_range": [float(e.min()), float(e.max())],
                          "corr_hemi": float(np.corrcoef(H, Y)[0, 1]),
                          "rms_hemi": float(np.sqrt(np.mean((Y - a - b * H) ** 2)))})
-    ef = density_law_ef(beta)
+    ef, st = density_law_ef(beta), stall_law(beta)
     per_n_ef = []
     for n in ns:
         rs = [r for r in runs if r["n"] == n]
         tef = _stats([r["t_EF"] for r in rs])
         stage = _stats([r["t_EF"] - r["t_exit"] for r in rs])  # NaN where F is not reached
         if tef["count"] >= 2:
+            law_ef = None if st is None else ef_ensemble_prediction(n, a, b, *st)
             per_n_ef.append({"n": n, "runs": len(rs), "reached": tef["count"], "mean": tef["mean"], "std": tef["std"],
                              "stage2_mean": stage["mean"], "stage2_std": stage["std"],
-                             "law_mean": None if ef is None else ensemble_prediction(n, *ef)[0]})
+                             "law_mean": None if law_ef is None else law_ef[0],
+                             "law_std": None if law_ef is None else law_ef[1],
+                             "stage2_law_mean": None if law_ef is None else law_ef[2],
+                             "single_amplitude_mean": None if ef is None else ensemble_prediction(n, *ef)[0]})
     return {"beta": beta, "T": t_end, "law": {"a": a, "b": b, "anchor": anchor, "converged": conv,
-                                               "t_EF": None if ef is None else list(ef)},
-            "per_n": per_n, "per_seed": per_seed, "runs": runs, "per_n_t_EF": per_n_ef}
+                                               "t_EF": None if ef is None else list(ef),
+                                               "stall": None if st is None else list(st)},
+            "per_n": per_n, "per_seed": per_seed, "runs": runs, "per_n_t_EF": per_n_ef,
+            "per_seed_stall": per_seed_stall(runs, ns, a, b, st)}
+
+
+def per_seed_stall(runs, ns, a, b, st):
+    """Each run's second stage t_EF - t_exit against its own stall amplitude eps_stall = 3 mean(x2): the
+    correlation with log(1 / |eps_stall|), the least-squares slope (the stall's rate is 1: slope 1), the
+    tokens' intercept at the law's slope (a mean, nothing fitted: the law's slope b2 where the density-level
+    t_EF law exists, else the rate 1 of ``validation/cluster_dynamics``), the rms against the law's stage, and
+    the rms of t_EF against the whole prediction (exit law at eps_eq plus stage law at eps_stall); beside
+    them the correlation with the moments of the other classes, mean(x1 x2) and mean(x2 x3), and with the
+    exit's log(1 / |eps_eq|), which a two-stage picture says should not matter."""
+    out = []
+    for n in ns:
+        rs = [r for r in runs if r["n"] == n and r["t_EF"] is not None and np.isfinite(r["t_EF"])
+              and np.isfinite(r["t_exit"])]
+        if len(rs) < 3:
+            continue
+        X = np.array([math.log(1.0 / abs(r["eps_stall"])) for r in rs])
+        G = np.array([r["t_EF"] - r["t_exit"] for r in rs])
+        L13 = np.array([math.log(1.0 / abs(r["eps_eq"])) for r in rs])
+        slope, icpt = np.polyfit(X, G, 1)
+        b2 = 1.0 if st is None else st[1]
+        q = {"n": n, "runs": len(rs), "corr": float(np.corrcoef(X, G)[0, 1]), "slope": float(slope),
+             "intercept_fit": float(icpt), "slope_used": b2, "intercept_at_slope": float(np.mean(G - b2 * X)),
+             "intercept_sem": float(np.std(G - b2 * X) / math.sqrt(len(rs))), "std": float(np.std(G)),
+             "corr_exit_amplitude": float(np.corrcoef(L13, G)[0, 1]),
+             "corr_m12": float(np.corrcoef([math.log(1.0 / abs(r["m12"])) for r in rs], G)[0, 1]),
+             "corr_m23": float(np.corrcoef([math.log(1.0 / abs(r["m23"])) for r in rs], G)[0, 1]),
+             "eps_stall_range": [float(np.exp(-X).min()), float(np.exp(-X).max())]}
+        if st is not None:
+            c = st[0]
+            q["rms_law"] = float(np.sqrt(np.mean((G - c - b2 * X) ** 2)))
+            T = np.array([r["t_EF"] for r in rs])
+            P = a + b * L13 + c + b2 * X
+            q["rms_t_EF"] = float(np.sqrt(np.mean((T - P) ** 2)))
+            q["corr_t_EF"] = float(np.corrcoef(P, T)[0, 1])
+            q["std_t_EF"] = float(np.std(T))
+        out.append(q)
+    return out
 
 
 def main(argv=None):
@@ -226,6 +307,49 @@ def _intercepts(r: dict, betas: list) -> str:
     return txt + "."
 
 
+def _ef_section(r: dict) -> list:
+    """law.md's t_EF part of one beta: the ensembles against the two-stage prediction, and each run's second
+    stage against its own stall amplitude."""
+    law, st, ef = r["law"], r["law"].get("stall"), r["law"].get("t_EF")
+    L = ["t_EF (F-alignment overtakes E). The prediction takes two independent seeds: the exit's eps_eq = 30 mean(x1 x3) "
+         "and the stall's eps_stall = 3 mean(x2) ~ N(0, 3 / n), the first moment along e2 that the translation "
+         "out of the stall grows (rate 1). "
+         + ("The second stage's law t_EF - t_exit = "
+            f"{st[0]:.2f} + {st[1]:.2f} log(1 / eps) is the density-level t_EF law ({ef[0]:.2f} + {ef[1]:.2f} "
+            "log(1 / eps)) less the exit's; nothing is fitted to the tokens. The last column takes one amplitude "
+            "eps_eq for both stages, as the density's perturbed f0 has them."
+            if st else "No density-level t_EF law at this beta: the tokens' own intercept of the second stage at the "
+            "stall's rate 1 stands in its place (below)."), "",
+         "| n | reached F by T | tokens: mean t_EF +- std (standard error) | law: mean +- std | tokens - law "
+         "(standard errors) | t_EF - t_exit: tokens mean +- std | law's mean | one amplitude for both stages: mean t_EF |",
+         "|---|---|---|---|---|---|---|---|"]
+    for p in r["per_n_t_EF"]:
+        se = p["std"] / math.sqrt(p["reached"])
+        if p.get("law_mean") is None:
+            lm = dd = sm = "-"
+        else:
+            d = p["mean"] - p["law_mean"]
+            lm, dd, sm = f"{p['law_mean']:.2f} +- {p['law_std']:.2f}", f"{d:+.2f} ({d / se:+.1f})", f"{p['stage2_law_mean']:.2f}"
+        one = "-" if p.get("single_amplitude_mean") is None else f"{p['single_amplitude_mean']:.2f}"
+        L.append(f"| {p['n']} | {p['reached']} of {p['runs']} | {p['mean']:.2f} +- {p['std']:.2f} ({se:.2f}) | {lm} | "
+                 f"{dd} | {p['stage2_mean']:.2f} +- {p['stage2_std']:.2f} | {sm} | {one} |")
+    if r.get("per_seed_stall"):
+        L += ["", "Each run's second stage t_EF - t_exit against its own log(1 / |eps_stall|):", "",
+              "| n | runs | |eps_stall| range | correlation | fitted slope | intercept at slope "
+              + ("b2 (law: c)" if st else "1 (no law)") + " | rms (stage - law) | std of the stage | t_EF: rms against "
+              "the whole prediction (std of t_EF) | correlation of the stage with log 1/|.| of eps_eq, mean(x1 x2), "
+              "mean(x2 x3) |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for q in r["per_seed_stall"]:
+            lawc = f" ({st[0]:.2f})" if st else ""
+            rms = f"{q['rms_law']:.2f}" if "rms_law" in q else "-"
+            tef = f"{q['rms_t_EF']:.2f} ({q['std_t_EF']:.2f})" if "rms_t_EF" in q else "-"
+            L.append(f"| {q['n']} | {q['runs']} | {q['eps_stall_range'][0]:.3g} - {q['eps_stall_range'][1]:.3g} | "
+                     f"{q['corr']:.3f} | {q['slope']:.2f} | {q['intercept_at_slope']:.2f} +- {q['intercept_sem']:.2f}{lawc} | "
+                     f"{rms} | {q['std']:.2f} | {tef} | {q['corr_exit_amplitude']:+.2f}, {q['corr_m12']:+.2f}, "
+                     f"{q['corr_m23']:+.2f} |")
+    return L
+
+
 def write_md(out):
     L = ["# The density-level transition law against the token ensembles (validation/token_ensembles/law.py)", "",
          f"Algorithm 1 (Euler, dt {out['dt']:g}), the paper matrices, n uniform tokens (seed s), against the converged "
@@ -261,15 +385,7 @@ def write_md(out):
         if r["beta"] in NOTES:
             L += ["", NOTES[r["beta"]](r)]
         if r.get("per_n_t_EF"):
-            ef = law.get("t_EF")
-            L += ["", "t_EF (the runs' own; the law's mean with the same eps_eq where the density-level t_EF law exists: "
-                  + ("none at this beta" if ef is None else f"t_EF = {ef[0]:.2f} + {ef[1]:.2f} log(1 / eps)") + "):", "",
-                  "| n | reached F by T | tokens: mean t_EF +- std | law with eps_eq: mean | t_EF - t_exit: mean +- std |",
-                  "|---|---|---|---|---|"]
-            for p in r["per_n_t_EF"]:
-                lm = "-" if p["law_mean"] is None else f"{p['law_mean']:.2f}"
-                L.append(f"| {p['n']} | {p['reached']} of {p['runs']} | {p['mean']:.2f} +- {p['std']:.2f} | {lm} | "
-                         f"{p['stage2_mean']:.2f} +- {p['stage2_std']:.2f} |")
+            L += ["", *_ef_section(r)]
         L.append("")
     (HERE / "law.md").write_text("\n".join(L))
 
@@ -280,7 +396,7 @@ def figure(out):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 2, figsize=(11.5, 4.4))
+    fig, ax = plt.subplots(1, 3, figsize=(16.5, 4.6))
     marks = {200: "o", 1000: "s", 10000: "^", 100000: "D"}
     for i, r in enumerate(out["betas"]):
         a, col = r["law"]["a"], f"C{i}"
@@ -310,8 +426,27 @@ def figure(out):
     ax[1].set_ylabel("mean t_exit - a(beta)  (+- standard error)")
     ax[1].set_title("ensemble means", fontsize=9)
     ax[1].legend(fontsize=7)
-    fig.suptitle("Token exits from E against the density-level law a(beta) + b log(1/eps) (nothing fitted to the "
-                 "tokens)", fontsize=10)
+    for i, r in enumerate(out["betas"]):  # the second stage against the stall's amplitude
+        col, st = f"C{i}", r["law"].get("stall")
+        for n in sorted({q["n"] for q in r["runs"]}):
+            rs = [q for q in r["runs"] if q["n"] == n and q["t_EF"] is not None and np.isfinite(q["t_EF"])
+                  and "eps_stall" in q]
+            ax[2].plot([math.log(1 / abs(q["eps_stall"])) for q in rs], [q["t_EF"] - q["t_exit"] for q in rs],
+                       marks.get(n, "x"), ms=3.5, color=col, alpha=0.8)
+        x3 = np.linspace(0.0, 8.0, 20)
+        if st:
+            ax[2].plot(x3, st[0] + st[1] * x3, "-", color=col, lw=1.2,
+                       label=f"beta {r['beta']:g}: density law {st[0]:.2f} + {st[1]:.2f} log(1/eps)")
+        elif r.get("per_seed_stall"):  # no density law: the tokens' own intercept at the rate 1 (a mean)
+            q = max(r["per_seed_stall"], key=lambda v: v["n"])
+            ax[2].plot(x3, q["intercept_at_slope"] + x3, "--", color=col, lw=1,
+                       label=f"beta {r['beta']:g}: tokens' intercept at slope 1 (n = {q['n']}): {q['intercept_at_slope']:.2f}")
+    ax[2].set_xlabel("log(1 / |eps_stall|),  eps_stall = 3 mean(x2) of the initial tokens")
+    ax[2].set_ylabel("t_EF - t_exit")
+    ax[2].set_title("the second stage of each run (lines: density-level laws, nothing fitted)", fontsize=9)
+    ax[2].legend(fontsize=7)
+    fig.suptitle("Token exits from E against the density-level law a(beta) + b log(1/eps), and the stall's exit "
+                 "against its own seed (nothing fitted to the tokens)", fontsize=10)
     fig.tight_layout()
     fig.savefig(HERE / "law.png", dpi=110)
 
