@@ -4,6 +4,7 @@ equal the numerical ones, and the stall is left at the predicted rate (seconds: 
 from __future__ import annotations
 
 import importlib
+import math
 import json
 import sys
 from pathlib import Path
@@ -1315,6 +1316,28 @@ def test_token_law_stall_seed_and_the_two_stage_prediction():
     q, = law.per_seed_stall(runs, [1000], a, b, (c, b2))
     assert q["runs"] == 12 and abs(q["corr"] - 1) < 1e-12 and abs(q["slope"] - b2) < 1e-12
     assert abs(q["intercept_at_slope"] - c) < 1e-12 and q["rms_law"] < 1e-12 and q["rms_t_EF"] < 1e-12
+
+
+def test_stall_seed_shrinks_with_beta_and_sets_the_second_stage():
+    """validation/token_ensembles/stall_seed.py on two of law.py's runs a beta (n = 200, seeds 0 and 1, beta 3 and
+    30: seconds). The runs are law.json's own (t_exit, t_EF equal to rounding: the same draw, algorithm and field).
+    The collapse shrinks the stall's seed mean(x2) more at the larger beta (stall_seed.md: r ~ 0.75 at beta 3, ~0.2
+    at 30), and the second stage measured from the seed left at the exit, t_EF - t_exit - log(1 / |3 mean(x2)(t_exit)|),
+    is the same at both betas to 0.4 (stall_seed.py's bar; measured within 0.05), while measured from the initial
+    seed it differs by more than 0.8 (c grows 1.3 from beta 3 to 30): the stage's growth with beta is the seed's
+    shrinking. Either would fail if the stall were seeded otherwise or the exit's seed were read at another time."""
+    mod = importlib.import_module("validation.token_ensembles.stall_seed")
+    law = json.loads((mod.HERE / "law.json").read_text())
+    runs = [mod.one(beta, s, 200) for beta in (3.0, 30.0) for s in (0, 1)]
+    per = mod.analyse(runs, law)
+    assert [q["matched"] for q in per] == [2, 2] and all(q["max_time_difference"] <= 1e-9 for q in per)
+    for s in (0, 1):
+        lo, hi = (next(r for r in runs if r["beta"] == b and r["seed"] == s) for b in (3.0, 30.0))
+        assert 0 < hi["r"] < 0.6 * lo["r"], (lo["r"], hi["r"])
+        stage = [r["t_EF"] - r["t_exit"] for r in (lo, hi)]
+        c0 = [g - math.log(1 / abs(3 * r["m2_exit"])) for g, r in zip(stage, (lo, hi))]
+        c = [g - math.log(1 / abs(3 * r["m2_0"])) for g, r in zip(stage, (lo, hi))]
+        assert abs(c0[1] - c0[0]) <= mod.SPREAD_BAR and c[1] - c[0] > 0.8, (c0, c)
 
 
 def test_transition_law_beta300_on_disk_and_its_tokens(tmp_path):

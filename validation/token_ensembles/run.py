@@ -236,6 +236,11 @@ def criteria(res) -> list[dict]:
                 out.append(C.at_most(f"beta {r['beta']:g}, n = {p['n']}: |mean t_EF - the two-stage law's mean| (law.py: "
                                      "exit at 30 mean(x1 x3), stall at 3 mean(x2)), in standard errors of the mean",
                                      abs(p["mean"] - p["law_mean"]) / (p["std"] / np.sqrt(p["reached"])), 3.0, ".2f"))
+    seed = HERE / "stall_seed.json"  # stall_seed.py: what sets the second stage's growth with beta
+    if seed.exists():
+        from validation.token_ensembles.stall_seed import criteria as seed_criteria
+
+        out += seed_criteria(json.loads(seed.read_text()))
     return out
 
 
