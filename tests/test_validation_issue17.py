@@ -1346,13 +1346,13 @@ def test_transition_law_beta300_on_disk_and_its_tokens(tmp_path):
     converged eps 0.05 exit (16.43): a slope over the decade below 0.3 where the law has 1, and adaptive_betas.md
     leaves beta 300 out of a(beta) for it. Smaller eps come down level by level (eps 1e-3: every level below the
     last); after its departure from E every member joins one curve of align E against t (the stall's drift), so
-    that at T = 30 every row's align E lies within 0.01 of the others'. The tokens (n = 200 and 1000) keep the
+    that at T = 30 every row's align E up to nside_max 512 lies within 0.01 of the others' (1024's ends above them) The tokens (n = 200 and 1000) keep the
     slope and sit at the intercept that a(beta) extrapolated along log(beta) from beta 30 and 100 gives (within
     0.3), more than 7 below the density law's a(300). The departure from E's plateau is the two-cluster law's: eps
     0.5's comes earlier level by level (5.85, 5.20, 5.05, 5.03 at nside_max 64-512, converged) and with Figure 4's
     converged eps 0.05 departure gives a slope in log(1 / eps) within 5 % of 1 / tanh(300) (measured 1.027), where
-    the exits' is below 0.3; eps 1e-2's exit converges too (nside_max 512), within 5 % of eps 0.05's, while its
-    departure comes down onto that law from above (5 % over it at 512). Every row to T = 30, mass to 1e-14, f >= 0."""
+    the exits' is below 0.3; eps 1e-2's exit converges too (nside_max 1024), within 5 % of eps 0.05's, while its
+    departure comes down onto that law from above (0.6 % over it at 1024). Every row to T = 30, mass to 1e-14, f >= 0."""
     import json
     import math
 
@@ -1372,8 +1372,11 @@ def test_transition_law_beta300_on_disk_and_its_tokens(tmp_path):
     e3 = [by[1e-3][n]["t_exit"] for n in sorted(by[1e-3])]
     assert len(e3) >= 3 and all(x > y for x, y in zip(e3, e3[1:]))
     assert all(r["t_depart"] < r["t_exit"] for r in rows)
-    final_E = [r["final_align"][0] for r in rows]
+    final_E = [r["final_align"][0] for r in rows if r["nside_max"] <= 512]
     assert max(final_E) - min(final_E) <= 0.01
+    # the 1024 level (eps 1e-2) follows that curve to t ~ 24 and ends above every other row at T (0.825 against
+    # 0.813-0.817): the drift's late part is not converged in nside_max (README, "At beta 300")
+    assert by[1e-2][1024]["final_align"][0] > max(final_E)
     # the departure (measured 2026-12-07): eps 0.5's against Figure 4's converged eps 0.05 departure (7.39, nside_max
     # 1024), one decade apart: the two-cluster slope 1 / tanh(beta), where the exits over the same decade move by 0.4.
     # eps 0.5's departure is converged on its ladder: 5.05 -> 5.03 from nside_max 256 to 512, the issue's 2 % bar
@@ -1383,14 +1386,15 @@ def test_transition_law_beta300_on_disk_and_its_tokens(tmp_path):
     assert sorted(by[0.5]) == [64, 128, 256, 512] and all(x > y for x, y in zip(dep5, dep5[1:]))
     assert mod._step(dep5[-2], dep5[-1]) <= BAR["t_exit"]
     assert abs((dep05 - dep5[-1]) / math.log(0.5 / 0.05) * math.tanh(300.0) - 1) <= 0.05
-    # eps 1e-2 (nside_max 512 measured 2026-12-07): its exit converges (15.92 -> 15.98, 0.4 %) within 5 % of eps
-    # 0.05's, and its departure comes down onto the law from above level by level (15.63, 13.44, 11.12, 9.46
-    # at 64-512; the law with Figure 4's converged eps 0.05 departure: 7.39 + log 5 = 9.0; 512's is 5 % over it)
+    # eps 1e-2 (nside_max 512 and 1024 measured 2026-12-07): its exit converges (15.98 -> 16.08, 0.6 %) within 5 %
+    # of eps 0.05's, and its departure comes down onto the law from above level by level (15.63, 13.44, 11.12,
+    # 9.46, 9.06 at 64-1024; the law with Figure 4's converged eps 0.05 departure: 7.39 + log 5 = 9.00; 1024's is
+    # 0.6 % over it, within 2 %, though its last step, 4.5 %, is not within the bar)
     e2 = [by[1e-2][n] for n in sorted(by[1e-2])]
-    assert sorted(by[1e-2])[-1] == 512 and mod._step(e2[-2]["t_exit"], e2[-1]["t_exit"]) <= BAR["t_exit"]
+    assert sorted(by[1e-2])[-1] == 1024 and mod._step(e2[-2]["t_exit"], e2[-1]["t_exit"]) <= BAR["t_exit"]
     assert abs(e2[-1]["t_exit"] / t0 - 1) <= 0.05
     dep2, law2 = [r["t_depart"] for r in e2], dep05 + math.log(0.05 / 1e-2) / math.tanh(300.0)
-    assert all(x > y for x, y in zip(dep2, dep2[1:])) and 0 < dep2[-1] - law2 <= 0.1 * law2, (dep2, law2)
+    assert all(x > y for x, y in zip(dep2, dep2[1:])) and 0 < dep2[-1] - law2 <= 0.02 * law2, (dep2, law2)
     text = "\n".join(mod.write_betas(path=tmp_path / "adaptive_betas.md"))
     assert "beta 300 is left out of a(beta)" in text and "from beta 30 to 100" in text and "to 300:" not in text
 
