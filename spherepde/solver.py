@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import sys
 import time as _time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -222,7 +223,8 @@ class Result:
         evaluations the step used, :mod:`spherepde.evaluation`; 0 for local models and direct sums; NaN for
         steps of a checkpoint written before it was recorded); the per-step entries are 0 for the last entry.
     grid, model, options : what made it (``grid``: the grid of the first saved state). n_steps : int.
-    wall_time : seconds. grids : the grid of each saved state (None: ``grid`` for all).
+    wall_time : seconds. grids : the grid of each saved state (None: ``grid`` for all): a list from
+        :func:`solve`, a :class:`spherepde.io.StateGrids` (built on demand) from :func:`spherepde.io.load`.
     """
 
     times: np.ndarray
@@ -234,7 +236,7 @@ class Result:
     n_steps: int
     wall_time: float = 0.0
     metadata: dict = field(default_factory=dict)
-    grids: list | None = None
+    grids: Sequence | None = None
 
     def at(self, t: float) -> np.ndarray:
         """The saved density at the saved time closest to ``t``."""
@@ -246,6 +248,16 @@ class Result:
         if not -n <= int(i) < n:
             raise IndexError(f"saved state {i} does not exist: there are {n} (0..{n - 1})")
         return self.grid if self.grids is None else self.grids[int(i)]
+
+    def areas_at(self, i: int) -> np.ndarray:
+        """The cell areas of saved state ``i``, ``grid_at(i).areas``: without building a grid that a loaded file
+        builds on demand (:class:`spherepde.io.StateGrids`), where its cells say them."""
+        n = len(self.times)
+        if not -n <= int(i) < n:
+            raise IndexError(f"saved state {i} does not exist: there are {n} (0..{n - 1})")
+        if self.grids is not None and hasattr(self.grids, "areas_at"):
+            return self.grids.areas_at(i)
+        return self.grid_at(i).areas
 
     def to_healpix(self, i: int, nside: int) -> np.ndarray:
         """Saved state ``i`` resampled conservatively onto a uniform HEALPix RING map at ``nside``: a map for

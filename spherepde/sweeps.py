@@ -451,7 +451,7 @@ def member_record(result, cfg: ExperimentConfig) -> dict:
     nan = np.full(len(times), np.nan)
     conc = result.metadata.get("concentration") or {}
     mass = np.asarray(result.density, float) @ result.grid.areas if result.grids is None else \
-        np.array([f @ result.grid_at(i).areas for i, f in enumerate(dens)])  # (one product: as solve's users)
+        np.array([f @ result.areas_at(i) for i, f in enumerate(dens)])  # (one product: as solve's users)
     frames = {
         "mass": mass,
         "min_density": np.array([f.min() for f in dens]),

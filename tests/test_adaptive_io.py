@@ -104,6 +104,33 @@ def test_a_completed_adaptive_run_is_loaded_not_rerun(finished):
     assert len({len(d) for d in again.density}) > 1  # the frames are ragged (the case the bug was in)
 
 
+def test_load_builds_each_states_grid_on_demand(finished):
+    """load() builds no saved state's grid but the first (a large adaptive file: minutes of grids otherwise):
+    ``grids`` is a StateGrids whose grids appear when asked for, in any order, with the same arrays bit for
+    bit as the run's own (built from scratch by solve's regrids), the same object for equal cell sets, and
+    ``areas_at(i)`` from the cells alone equal to the grid's areas bit for bit (a sweep's mass per frame)."""
+    from spherepde.io import StateGrids
+
+    _, out = finished
+    res = sp.load(out / "results.h5")
+    g = res.grids
+    assert isinstance(g, StateGrids) and len(g) == 4 and sorted(g._built) == [0]
+    areas = [res.areas_at(i) for i in range(4)]
+    assert sorted(g._built) == [0]  # the areas did not build a grid
+    ref = sp.load(out / "results.h5")
+    for i in (3, 1, 2):  # out of order: each from the nearest built below it
+        a, b = g[i], ref.grids[i]
+        for name in ("uniq", "centers", "areas", "xbar", "face_points", "face_normals", "owner", "neighbour",
+                     "stencil", "stencil_coef"):
+            assert np.array_equal(getattr(a, name), getattr(b, name)), (i, name)
+        assert np.array_equal(areas[i], a.areas)
+    assert g[-1] is g[3] and g[1:3] == [g[1], g[2]]
+    with pytest.raises(IndexError, match="saved state 4"):
+        g[4]
+    twice = StateGrids(res.grid, [g[1].uniq, g[1].uniq, g[2].uniq])
+    assert twice[0] is twice[1] and twice[1] is not twice[2] and not twice.one_cell_set
+
+
 def test_results_file_holds_each_states_cells(finished):
     """Every saved state's NUNIQ and densities come back from load() as they were computed (the run's own
     grids rebuilt from them: same cells, centres and areas bit for bit), and from the file itself as CF

@@ -879,8 +879,27 @@ class AdaptiveHealpixGrid(Grid):
     def cells_state(self) -> dict:
         return {"uniq": self.uniq.copy()}
 
+    @staticmethod
+    def cell_areas(uniq) -> np.ndarray:
+        """The areas of the NUNIQ cells ``uniq`` in the order given, FACE_AREA / nside^2 (the face map is
+        equal-area): a grid's ``areas`` bit for bit, without building the grid (a saved state's mass)."""
+        order, _ = uniq_to_nest(np.asarray(uniq, np.int64))
+        return FACE_AREA * (1.0 / (np.int64(1) << order).astype(float)) ** 2
+
     def with_cells(self, state: dict) -> "AdaptiveHealpixGrid":
-        return self._with(np.asarray(state["uniq"], np.int64), balanced=False) if "uniq" in state else self
+        """The grid of a checkpoint's or a saved state's cells ``state["uniq"]``, checked as the constructor
+        checks given cells (orders in range, a tiling of the sphere, 2:1 balanced), with the geometry of the
+        cells and faces it shares with this grid copied from here (the same bits as computing it: a regrid's
+        reuse). A results file's states follow one another by a regrid each, so :func:`spherepde.io.load`
+        building each from the one before does a regrid's work per state, not a whole grid's."""
+        if "uniq" not in state:
+            return self
+        uniq = np.asarray(state["uniq"], np.int64)
+        order, _ = uniq_to_nest(uniq) if uniq.ndim == 1 and uniq.size else (np.array([self.order_min]), None)
+        if uniq.ndim != 1 or uniq.size == 0 or order.min() < self.order_min or order.max() > self.order_max:
+            return self._with(uniq, balanced=False)  # the constructor's own error
+        _check_tiling(uniq)
+        return self._with(_balance(uniq, self.order_min, self.order_max))
 
     def refined_where(self, indicator, max_passes: int | None = None) -> "AdaptiveHealpixGrid":
         """Refine repeatedly where ``indicator(grid) -> bool (n_cells,)`` holds, until it holds nowhere
