@@ -1244,6 +1244,17 @@ def test_fig4_departure_of_each_t0_state_continued_exactly_on_disk():
         assert min(dep(n, t0) for t0 in early) > max(own512, level) * 1.025
 
 
+def _sphere_product_rule():
+    """(points, weights) of Gauss-Legendre in x3 (20 nodes) times the trapezoid in the azimuth (40): exact on S^2
+    for polynomials of degree <= 39."""
+    z, wz = np.polynomial.legendre.leggauss(20)
+    phi = np.arange(40) * 2 * np.pi / 40
+    Z, P = np.meshgrid(z, phi, indexing="ij")
+    r = np.sqrt(1 - Z ** 2)
+    x = np.stack([r * np.cos(P), r * np.sin(P), Z], axis=-1).reshape(-1, 3)
+    return x, (wz[:, None] * np.full(40, 2 * np.pi / 40)[None, :]).ravel()
+
+
 def test_token_law_amplitude_of_a_sample_and_its_ensemble_prediction():
     """validation/token_ensembles/law.py: (1) the perturbed f0's x1 x3 moment is eps / 30 and Var(x1 x3) = 1/15
     under the uniform measure, by a product rule exact for these polynomials (Gauss-Legendre in x3 times the
@@ -1256,12 +1267,7 @@ def test_token_law_amplitude_of_a_sample_and_its_ensemble_prediction():
 
     mod = C.load_study("token_ensembles")
     law = importlib.import_module("validation.token_ensembles.law")
-    z, wz = np.polynomial.legendre.leggauss(20)
-    phi = np.arange(40) * 2 * np.pi / 40
-    Z, P = np.meshgrid(z, phi, indexing="ij")
-    r = np.sqrt(1 - Z ** 2)
-    x = np.stack([r * np.cos(P), r * np.sin(P), Z], axis=-1).reshape(-1, 3)
-    w = (wz[:, None] * np.full(40, 2 * np.pi / 40)[None, :]).ravel()
+    x, w = _sphere_product_rule()
     for eps in (0.05, 0.3):
         m13 = np.sum(w * x[:, 0] * x[:, 2] * perturbed_uniform(x, eps))
         assert abs(law.EQUIV * m13 - eps) < 1e-13
@@ -1287,12 +1293,7 @@ def test_token_law_stall_seed_and_the_two_stage_prediction():
 
     mod = C.load_study("token_ensembles")
     law = importlib.import_module("validation.token_ensembles.law")
-    z, wz = np.polynomial.legendre.leggauss(20)
-    phi = np.arange(40) * 2 * np.pi / 40
-    Z, P = np.meshgrid(z, phi, indexing="ij")
-    r = np.sqrt(1 - Z ** 2)
-    x = np.stack([r * np.cos(P), r * np.sin(P), Z], axis=-1).reshape(-1, 3)
-    w = (wz[:, None] * np.full(40, 2 * np.pi / 40)[None, :]).ravel()
+    x, w = _sphere_product_rule()
     for eps in (0.05, 0.3):
         assert abs(law.EQUIV2 * np.sum(w * x[:, 1] * perturbed_uniform(x, eps)) - eps) < 1e-13
     assert abs(np.sum(w * x[:, 1] ** 2) / (4 * np.pi) - law.VAR2) < 1e-14
