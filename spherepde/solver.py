@@ -242,19 +242,22 @@ class Result:
         """The saved density at the saved time closest to ``t``."""
         return self.density[int(np.argmin(np.abs(self.times - t)))]
 
-    def grid_at(self, i: int):
-        """The grid of saved state ``i`` (its ``centers`` and ``areas`` go with ``density[i]``)."""
+    def _state(self, i) -> int:
+        """``i`` checked against the saved states (IndexError naming them)."""
         n = len(self.times)
         if not -n <= int(i) < n:
             raise IndexError(f"saved state {i} does not exist: there are {n} (0..{n - 1})")
-        return self.grid if self.grids is None else self.grids[int(i)]
+        return int(i)
+
+    def grid_at(self, i: int):
+        """The grid of saved state ``i`` (its ``centers`` and ``areas`` go with ``density[i]``)."""
+        i = self._state(i)
+        return self.grid if self.grids is None else self.grids[i]
 
     def areas_at(self, i: int) -> np.ndarray:
         """The cell areas of saved state ``i``, ``grid_at(i).areas``: without building a grid that a loaded file
         builds on demand (:class:`spherepde.io.StateGrids`), where its cells say them."""
-        n = len(self.times)
-        if not -n <= int(i) < n:
-            raise IndexError(f"saved state {i} does not exist: there are {n} (0..{n - 1})")
+        i = self._state(i)
         if self.grids is not None and hasattr(self.grids, "areas_at"):
             return self.grids.areas_at(i)
         return self.grid_at(i).areas

@@ -895,11 +895,12 @@ class AdaptiveHealpixGrid(Grid):
         if "uniq" not in state:
             return self
         uniq = np.asarray(state["uniq"], np.int64)
-        order, _ = uniq_to_nest(uniq) if uniq.ndim == 1 and uniq.size else (np.array([self.order_min]), None)
-        if uniq.ndim != 1 or uniq.size == 0 or order.min() < self.order_min or order.max() > self.order_max:
-            return self._with(uniq, balanced=False)  # the constructor's own error
-        _check_tiling(uniq)
-        return self._with(_balance(uniq, self.order_min, self.order_max))
+        if uniq.ndim == 1 and uniq.size:
+            order, _ = uniq_to_nest(uniq)
+            if self.order_min <= order.min() and order.max() <= self.order_max:
+                _check_tiling(uniq)
+                return self._with(_balance(uniq, self.order_min, self.order_max))
+        return self._with(uniq, balanced=False)  # the constructor's checks, and its errors
 
     def refined_where(self, indicator, max_passes: int | None = None) -> "AdaptiveHealpixGrid":
         """Refine repeatedly where ``indicator(grid) -> bool (n_cells,)`` holds, until it holds nowhere
