@@ -470,7 +470,8 @@ class AdaptiveHealpixGrid(Grid):
     dim = 3
 
     def __init__(self, nside_min: int, nside_max: int, uniq=None, *, edge_points: int = 6, cell_order: int = 4,
-                 max_cells: int | None = None, refinement: Refinement | None = None, _reuse=None):
+                 max_cells: int | None = None, refinement: Refinement | None = None, _reuse=None,
+                 _balanced: bool = False):
         kmin, kmax = _order_of(nside_min, "nside_min"), _order_of(nside_max, "nside_max")
         if kmin > kmax:
             raise ValueError(f"nside_min ({nside_min}) must be <= nside_max ({nside_max})")
@@ -493,7 +494,7 @@ class AdaptiveHealpixGrid(Grid):
         if order.min() < kmin or order.max() > kmax:
             raise ValueError(f"uniq holds cells of orders {int(order.min())}..{int(order.max())}; the allowed "
                              f"orders are {kmin}..{kmax} (nside_min {self.nside_min}, nside_max {self.nside_max})")
-        if _reuse is None:  # (adapt hands over a balanced tiling, and the grid it came from)
+        if not _balanced:  # (adapt hands over a balanced tiling; given cells are checked and balanced here)
             _check_tiling(uniq)
             uniq = _balance(uniq, kmin, kmax)
         self._check_size(len(uniq))
@@ -778,13 +779,14 @@ class AdaptiveHealpixGrid(Grid):
         return self._with(_balance(new, self.order_min, self.order_max, fresh=np.concatenate([kids, merged])))
 
     def _with(self, uniq, balanced: bool = True) -> "AdaptiveHealpixGrid":
-        """The grid of the cells ``uniq`` (``self`` if they are this grid's), reusing this grid's geometry."""
+        """The grid of the cells ``uniq`` (``self`` if they are this grid's), reusing this grid's geometry;
+        ``balanced=False``: cells not known to tile the sphere 2:1 balanced, checked and balanced first."""
         uniq = np.asarray(uniq, np.int64)
         if len(uniq) == self.n_cells and np.array_equal(np.sort(uniq), np.sort(self.uniq)):
             return self
         return AdaptiveHealpixGrid(self.nside_min, self.nside_max, uniq, edge_points=self.edge_points,
                                    cell_order=self.cell_order, max_cells=self.max_cells, refinement=self.refinement,
-                                   _reuse=self if balanced else None)
+                                   _reuse=self, _balanced=balanced)
 
     # ------------------------------------------------------------ the grid contract of a changing grid
     def initial(self, f0, attention_scale: float = 0.0, kernels=()) -> "AdaptiveHealpixGrid":
@@ -892,15 +894,7 @@ class AdaptiveHealpixGrid(Grid):
         cells and faces it shares with this grid copied from here (the same bits as computing it: a regrid's
         reuse). A results file's states follow one another by a regrid each, so :func:`spherepde.io.load`
         building each from the one before does a regrid's work per state, not a whole grid's."""
-        if "uniq" not in state:
-            return self
-        uniq = np.asarray(state["uniq"], np.int64)
-        if uniq.ndim == 1 and uniq.size:
-            order, _ = uniq_to_nest(uniq)
-            if self.order_min <= order.min() and order.max() <= self.order_max:
-                _check_tiling(uniq)
-                return self._with(_balance(uniq, self.order_min, self.order_max))
-        return self._with(uniq, balanced=False)  # the constructor's checks, and its errors
+        return self._with(np.asarray(state["uniq"], np.int64), balanced=False) if "uniq" in state else self
 
     def refined_where(self, indicator, max_passes: int | None = None) -> "AdaptiveHealpixGrid":
         """Refine repeatedly where ``indicator(grid) -> bool (n_cells,)`` holds, until it holds nowhere
