@@ -90,15 +90,11 @@ def ensemble_prediction(n: int, a: float, b: float, equiv: float = EQUIV, var: f
     return (a + b * (math.log(math.sqrt(n / var) / equiv) + MEAN_NEG_LOG_ABS_Z), b * STD_LOG_ABS_Z)
 
 
-def stall_law(beta: float):
+def stall_law(a: float, b: float, ef) -> tuple[float, float] | None:
     """(c, b2) of the second stage t_EF - t_exit = c + b2 log(1 / eps) that the density-level laws give for the
-    perturbed f0, whose two seeds (the exit's x1 x3 and the stall's x2) both scale with eps: the t_EF law
-    (:func:`density_law_ef`) less the exit's. None where the density-level t_EF law does not exist."""
-    ef = density_law_ef(beta)
-    if ef is None:
-        return None
-    a, b = density_law(beta)[:2]
-    return ef[0] - a, ef[1] - b
+    perturbed f0, whose two seeds (the exit's x1 x3 and the stall's x2) both scale with eps: the t_EF law ``ef``
+    (:func:`density_law_ef`) less the exit's, a + b log(1 / eps). None where the t_EF law does not exist."""
+    return None if ef is None else (ef[0] - a, ef[1] - b)
 
 
 def ef_ensemble_prediction(n: int, a: float, b: float, c: float, b2: float) -> tuple[float, float, float]:
@@ -183,7 +179,8 @@ def one_beta(beta: float, ns, seeds: int, seeds_large: int, t_end: float) -> dic
                          "std": float(np.std(Y)), "eps_eq_range": [float(e.min()), float(e.max())],
                          "corr_hemi": float(np.corrcoef(H, Y)[0, 1]),
                          "rms_hemi": float(np.sqrt(np.mean((Y - a - b * H) ** 2)))})
-    ef, st = density_law_ef(beta), stall_law(beta)
+    ef = density_law_ef(beta)
+    st = stall_law(a, b, ef)
     per_n_ef = []
     for n in ns:
         rs = [r for r in runs if r["n"] == n]

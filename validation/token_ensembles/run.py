@@ -86,16 +86,23 @@ def _cache_name(n: int, seed: int, t_end: float, tol: float | None, beta: float 
             + ("" if beta == BETA else f"_beta{beta:g}"))
 
 
+def draw(n: int, seed: int, t_end: float, tol: float | None = None, beta: float = BETA):
+    """What a run of (n, seed) starts from: (the save times every DT_SAVE to t_end, the uniform tokens of
+    ``seed``, the model, the spectral data and the tokens' weights 1/n), shared by :func:`one_run` and
+    ``stall_seed.py`` (the same runs)."""
+    save = np.round(np.arange(0.0, t_end + 1e-9, DT_SAVE), 10)
+    x0 = sample_uniform(n, 3, rng=np.random.default_rng(seed))
+    model = Attention(B, V, beta) if tol is None else Attention(B, V, beta, tol=tol)
+    return save, x0, model, spectral_data(B, V), np.full(n, 1.0 / n)
+
+
 def one_run(n: int, seed: int, t_end: float, cache: Path, tol: float | None = None, beta: float = BETA) -> dict:
     """Algorithm 1 for one (n, seed), cached in ``cache``; ``tol``: the field's certified tolerance (None:
     the model's default, 1e-12); ``beta``: other than the study's 100 (``law.py`` at other beta)."""
     path = cache / (_cache_name(n, seed, t_end, tol, beta) + ".json")
     if path.exists():
         return json.loads(path.read_text())
-    save = np.round(np.arange(0.0, t_end + 1e-9, DT_SAVE), 10)
-    x0 = sample_uniform(n, 3, rng=np.random.default_rng(seed))
-    model = Attention(B, V, beta) if tol is None else Attention(B, V, beta, tol=tol)
-    sd, w = spectral_data(B, V), np.full(n, 1.0 / n)
+    save, x0, model, sd, w = draw(n, seed, t_end, tol, beta)
     if n < CHUNKED_FROM:
         t0 = time.perf_counter()
         pr = simulate_particles(model, x0, t_end, DT, save_at=save)

@@ -29,7 +29,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from spherepde import Attention, sample_uniform, simulate_particles  # noqa: E402
+from spherepde import alignment, simulate_particles  # noqa: E402
 from spherepde.diagnostics import exit_time, transition_time  # noqa: E402
 
 BETAS = (3.0, 10.0, 30.0, 100.0, 300.0)
@@ -48,15 +48,14 @@ def t_end(beta: float) -> float:
 
 def one(beta: float, seed: int, n: int = N) -> dict:
     """One run of law.py's ensemble (``run.one_run``'s draw and algorithm), with the tokens' mean vector."""
-    from validation.token_ensembles.run import B, DT, DT_SAVE, V
+    from validation.token_ensembles.run import DT, draw
 
     T = t_end(beta)
-    save = np.round(np.arange(0.0, T + 1e-9, DT_SAVE), 10)
-    x0 = sample_uniform(n, 3, rng=np.random.default_rng(seed))
-    pr = simulate_particles(Attention(B, V, beta), x0, T, DT, save_at=save)
+    save, x0, model, sd, w = draw(n, seed, T, beta=beta)
+    pr = simulate_particles(model, x0, T, DT, save_at=save)
     m = np.array([X.mean(axis=0) for X in pr.positions])
-    aE = [float(np.mean(X[:, 0] ** 2)) for X in pr.positions]
-    aF = [float(np.mean(X[:, 1] ** 2)) for X in pr.positions]
+    aE = [alignment(X, w, sd.E) for X in pr.positions]
+    aF = [alignment(X, w, sd.F) for X in pr.positions]
     te, tf = exit_time(save, aE), transition_time(save, aE, aF)
     m2x = float(np.interp(te, save, m[:, 1])) if np.isfinite(te) else float("nan")
     return {"beta": beta, "seed": seed, "n": n, "t_exit": te, "t_EF": tf, "m2_0": float(m[0, 1]), "m2_exit": m2x,
