@@ -1415,3 +1415,25 @@ def test_transition_law_beta300_on_disk_and_its_tokens(tmp_path):
         icpt = tok["law"]["a"] + q["mean_law_error"]
         assert abs(icpt - extrap) <= 0.3 and tok["law"]["a"] - icpt > 7.0, (q["n"], icpt, extrap)
         assert 0.3 < q["slope"] < 1.5  # the tokens' exits grow with log(1 / |eps_eq|)
+
+
+def test_collapse_closed_forms_are_the_moment_equations_integrals_and_the_particles_follow_them():
+    """validation/cluster_dynamics/collapse.py: the shrink factors of the two seeds, r(beta) = (1 + 2 beta / 3)^(-1/2)
+    and R(beta) = (1 + beta)^(-2/3), are the integrals of the Gaussian-cluster moment equations (integrated here in
+    time, not through the change of variable of the closed forms), and the collapse of the perturbed f0 as 768
+    weighted particles (nside 8; seconds) leaves its seeds at those fractions, with the formula's dependence on
+    beta over a decade (beta 10 and 100)."""
+    mod = importlib.import_module("validation.cluster_dynamics.collapse")
+    for beta in (3.0, 30.0, 300.0):
+        r, R = mod.moment_ode(beta)
+        # RK45 at rtol 1e-11 over T = 40; the closed forms are exact
+        assert abs(r / mod.translation_shrink(beta) - 1) < 1e-7 and abs(R / mod.rotation_shrink(beta) - 1) < 1e-7
+    runs = [mod.collapse_run(beta, 8) for beta in (10.0, 100.0)]
+    lr = np.array([[math.log(q["r"] / q["r_closed"]), math.log(q["R"] / q["R_closed"])] for q in runs])
+    # the study's bars (collapse.py: ABS_BAR a fifth of an e-fold with no fitted constant; SPREAD_BAR a tenth of
+    # the range of log r and log R over the betas); over beta 10 -> 100 log r changes by 1.0 and log R by 1.5, so
+    # a wrong exponent (r ~ 1 / beta, R ~ beta^-1) would miss by more than 0.5
+    assert np.all(np.abs(lr) <= mod.ABS_BAR), lr
+    assert np.all(np.abs(lr[1] - lr[0]) <= mod.SPREAD_BAR), lr
+    # the seeds are read after the widths have fallen far below the attention scale (s^2 << 1 at T)
+    assert all(q["s2sq"][-1] < 0.1 and q["s3sq"][-1] < 0.1 for q in runs)

@@ -38,6 +38,7 @@ Writes results.json, results.md and cluster_dynamics.png beside this file (quick
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -286,6 +287,11 @@ def criteria(res) -> list[dict]:
         out.append(C.at_most(f"beta {r['beta']:g}, {r['stage']}: slope of t against log(1/eps) vs 1 / rate = "
                              f"{r['b_predicted']:.4g} (relative)", abs(r["b"] - r["b_predicted"]) / r["b_predicted"],
                              0.03, ".2e"))
+    collapse = HERE / "collapse.json"  # collapse.py: what the collapse leaves of the two seeds (both log(beta))
+    if collapse.exists():
+        from validation.cluster_dynamics.collapse import criteria as collapse_criteria
+
+        out += collapse_criteria(json.loads(collapse.read_text()))
     return out
 
 
