@@ -179,6 +179,11 @@ def record() -> dict:
 
     law = json.loads((HERE.parent / "token_ensembles" / "law.json").read_text())
     laws = [{"beta": b["beta"], "a": b["law"]["a"], "anchor": b["law"]["anchor"]} for b in law["betas"]]
+    # the tokens' exit intercept at the law's slope, a + mean(t_exit - law) over the runs (law.py, each run against
+    # the law from its own sample's seed), with the standard error of that mean (the residuals' spread)
+    token_exits = [{"beta": b["beta"], "n": q["n"], "runs": q["runs"], "a": b["law"]["a"] + q["mean_law_error"],
+                    "se": math.sqrt(max(q["rms_law"] ** 2 - q["mean_law_error"] ** 2, 0.0) / q["runs"])}
+                   for b in law["betas"] for q in b["per_seed"]]
     fig4 = json.loads((HERE.parent / "fig4_concentration" / "adaptive.json").read_text())["rows"]
     # Figure 4's ladder at eps 0.05 (perturbed f0) in the setting of its converged levels at beta >= 100 (attended
     # refinement, the attention criterion where f varies > 0.25, nside 32 coarsest cells, the default rtol)
@@ -190,7 +195,7 @@ def record() -> dict:
     tokens = [{"beta": q["beta"], "r": q["r_geomean"], "log_r_std": q["log_r_std"], "runs": q["runs"], "c": q["c"],
                "c_sem": q["c_sem"]} for q in seed]
     density = [{"beta": b, "r": v} for b, v in DENSITY_R.items()]
-    return {"laws": laws, "ladder": ladder, "tokens": tokens, "density": density}
+    return {"laws": laws, "token_exits": token_exits, "ladder": ladder, "tokens": tokens, "density": density}
 
 
 def analyse(rec: dict, runs: list[dict], betas) -> dict:
@@ -205,6 +210,7 @@ def analyse(rec: dict, runs: list[dict], betas) -> dict:
     out = {"laws": laws, "a0": a0, "a0_fit_betas": [q["beta"] for q in fit],
            "a0_spread": max(q["a0"] for q in fit) - min(q["a0"] for q in fit),
            "lag": lag, "lag_level": l100[-1]["nside_max"], "departures": []}
+    out["token_exits"] = [dict(q, formula=a0 + (2.0 / 3.0) * math.log1p(q["beta"])) for q in rec["token_exits"]]
     for beta in PREDICT_BETAS:  # the departure from E predicted where the exit itself is not this law's
         lad = [q for q in rec["ladder"] if q["beta"] == beta and q["t_depart"] is not None]
         pred = a0 + (2.0 / 3.0) * math.log1p(beta) + math.log(1.0 / EPS) - lag
@@ -270,6 +276,13 @@ def criteria(res: dict) -> list:
                                  f"beta 100's lag ({d['pred']:.3f}) against nside_max {d['levels'][-1]}'s "
                                  f"{d['measured'][-1]:.3f} (relative)", abs(d["pred"] - d["measured"][-1]) / d["measured"][-1],
                                  DEPART_BAR, ".4f"))
+    for q in an["token_exits"]:
+        if q["beta"] >= 10.0:
+            # the tokens carry no tails below 1 / n, so at beta 300 too their exit should be this law's (3 standard
+            # errors of the mean over the runs)
+            out.append(C.at_most(f"collapse.py: the tokens' exit intercept at beta {q['beta']:g}, n = {q['n']} "
+                                 f"({q['a']:.3f}) against a0 + (2/3) log(1 + beta) = {q['formula']:.3f}, in standard errors",
+                                 abs(q["a"] - q["formula"]) / q["se"], 3.0, ".2f"))
     for d in an["density"]:
         # one converged reading each (no ensemble): the particles' bar
         out.append(C.at_most(f"collapse.py: the density's r at beta {d['beta']:g} ({d['r']:.3f}) against r(beta) = "
@@ -322,7 +335,14 @@ def write_md(res: dict):
         step = "-" if d["last_step"] is None else f"{100 * d['last_step']:.1f} %" + ("" if d["converged"] else " (not converged)")
         L.append(f"| {d['beta']:g} | **{d['pred']:.3f}** | {lad} | {step} | {d['exit_law']:.2f} | "
                  + ("none by T" if d["exit"] is None else f"{d['exit']:.2f}") + " |")
-    L += ["", "At beta 300 the pair leaves E on the law's schedule, and the tails hold it afterwards.", "",
+    L += ["", "At beta 300 the pair leaves E on the law's schedule, and the tails hold it afterwards. Tokens have no tails "
+          "below 1 / n; their exit intercept at the law's slope (law.py: a + mean(t_exit - law) over each n's runs) "
+          "against the formula a0 + (2/3) log(1 + beta):", "",
+          "| beta | n | runs | tokens' intercept (+- se) | a0 + (2/3) log(1 + beta) | difference |", "|---|---|---|---|---|---|"]
+    for q in an["token_exits"]:
+        L.append(f"| {q['beta']:g} | {q['n']} | {q['runs']} | {q['a']:.3f} +- {q['se']:.3f} | {q['formula']:.3f} | "
+                 f"{q['a'] - q['formula']:+.3f} |")
+    L += ["",
           "The stall's seed r:", "", "| beta | tokens (n = 1000, 20 seeds: geometric mean) | density (converged member) | "
           "particles (nside 16) | r(beta) closed | tokens: log ratio (standard errors) | tokens' second-stage intercept c "
           "(+- se) | c - (1/2) log(1 + 2 beta / 3) |", "|---|---|---|---|---|---|---|---|"]
