@@ -36,8 +36,9 @@ log(1 / eps_stall): at fixed eps the E phase lasts (2/3) log(beta) and the secon
 1. the closed forms against the moment equations above integrated in time (the algebra);
 2. the collapse itself, with no noise and no transport error: f0 (the perturbed uniform density, eps 0.05) as
    weighted particles at the centres of the uniform HEALPix cells (mass f0 x area), moved by
-   ``simulate_particles`` (RK4, the certified field) to T = 6 at beta 10 to 300, on nside 16 and, as the check of
-   that discretisation, 32 at beta 100 and 300: the seeds' shrink r and R read directly, no constant fitted;
+   ``simulate_particles`` (RK4, the certified field) to T = 6 at beta 10 to 300, on nside 16 and, as the checks of
+   that discretisation, nside 32 at beta 100 and 300 and half the step at beta 300: the seeds' shrink r and R read
+   directly, no constant fitted;
 3. the record: the density-level exit law a(beta) (``token_ensembles/law.json``, anchored on converged adaptive
    exits) less (2/3) log(1 + beta) is one a0 at beta 10, 30 and 100; with it, beta 300's departure from E (where
    the exit itself is held by the tails) is predicted before it is read; the tokens' and the density's r.
@@ -69,7 +70,10 @@ CHECK_BETAS = (100.0, 300.0)
 PREDICT_BETAS = (300.0, 1000.0)
 EPS = 0.05
 T = 6.0
-DT = 0.02  # RK4: the collapse's fastest rate is 3, so dt x rate = 0.06 (error ~1e-6 of a step's change)
+#: RK4's step. The collapse's fastest rate is 3 (dt x rate = 0.06), but at beta 300 a particle crosses the attention
+#: scale beta^(-1/2) = 0.058 in ~3 steps: the step-size check reruns beta CHECK_DT_BETA at DT / 2.
+DT = 0.02
+CHECK_DT_BETA = 300.0
 DT_SAVE = 0.05
 #: the uniform hemisphere's variance along e2 and along e3 (int x_k^2 over S^2 / |S^2| = 1/3)
 W0SQ = 1.0 / 3.0
@@ -82,8 +86,8 @@ ABS_BAR = 0.2
 #: SPREAD_BAR: the beta-dependence, which is the claim: the spread over beta 10-300 of log(measured / closed
 #: form) <= 0.15, a tenth of the range of log r (1.65) and of log R (2.21) over those beta.
 SPREAD_BAR = 0.15
-#: The particle discretisation: nside 32 against 16, |log ratio| of each seed's shrink <= 0.03 (a fifth of the
-#: spread bar).
+#: The particle discretisation: nside 32 against 16, and the step DT / 2 against DT, |log ratio| of each seed's
+#: shrink <= 0.03 (a fifth of the spread bar).
 NSIDE_BAR = 0.03
 #: The record's a0 spread over beta 10, 30, 100: the exits that anchor a(beta) are converged to 0.1-1.4 %
 #: (0.01-0.11 in time: transition_law/README.md), so 0.1 is their uncertainty, against the 1.48 that
@@ -223,13 +227,15 @@ def analyse(rec: dict, runs: list[dict], betas) -> dict:
                           se=q["log_r_std"] / math.sqrt(q["runs"])) for q in rec["tokens"]]
     out["density"] = [dict(q, closed=translation_shrink(q["beta"]), log_ratio=math.log(q["r"] / translation_shrink(q["beta"])))
                       for q in rec["density"]]
-    main = [r for r in runs if r["nside"] == NSIDE and r["beta"] in betas]
+    main = [r for r in runs if r["nside"] == NSIDE and r["dt"] == DT and r["beta"] in betas]
     for key in ("r", "R"):
         lr = [{"beta": r["beta"], "log_ratio": math.log(r[key] / r[key + "_closed"])} for r in main]
         out[f"particles_{key}"] = lr
         out[f"particles_{key}_spread"] = (max(q["log_ratio"] for q in lr) - min(q["log_ratio"] for q in lr)) if lr else None
-    out["nside_check"] = [{"beta": r["beta"], "nside": r["nside"], "r": math.log(r["r"] / b["r"]), "R": math.log(r["R"] / b["R"])}
-                          for r in runs if r["nside"] != NSIDE for b in main if b["beta"] == r["beta"]]
+    # the discretisation checks: another nside, or another step, against the main run of the same beta
+    out["nside_check"] = [{"beta": r["beta"], "nside": r["nside"], "dt": r["dt"], "r": math.log(r["r"] / b["r"]),
+                           "R": math.log(r["R"] / b["R"])}
+                          for r in runs if r["nside"] != NSIDE or r["dt"] != DT for b in main if b["beta"] == r["beta"]]
     return out
 
 
@@ -237,12 +243,14 @@ def study(betas=BETAS, check_nside: int | None = CHECK_NSIDE, check_betas=CHECK_
     ode = [{"beta": b, "closed": [translation_shrink(b), rotation_shrink(b)], "integrated": list(moment_ode(b))}
            for b in (3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)]
     runs = []
-    for nside, bs in ((NSIDE, betas),) + (((check_nside, check_betas),) if check_nside else ()):
-        for b in bs:
-            r = collapse_run(b, nside)
-            print(f"nside {nside}, beta {b:g}: r {r['r']:.4f} (closed {r['r_closed']:.4f}), R {r['R']:.4f} "
-                  f"(closed {r['R_closed']:.4f}), {r['wall_s']:.0f} s", flush=True)
-            runs.append(r)
+    todo = [(NSIDE, b, DT) for b in betas] + [(check_nside, b, DT) for b in (check_betas if check_nside else ())]
+    if CHECK_DT_BETA in betas:
+        todo.append((NSIDE, CHECK_DT_BETA, DT / 2))
+    for nside, b, dt in todo:
+        r = collapse_run(b, nside, dt=dt)
+        print(f"nside {nside}, beta {b:g}, dt {dt:g}: r {r['r']:.4f} (closed {r['r_closed']:.4f}), R {r['R']:.4f} "
+              f"(closed {r['R_closed']:.4f}), {r['wall_s']:.0f} s", flush=True)
+        runs.append(r)
     rec = record()
     return {"ode": ode, "runs": runs, "record": rec, "analysis": analyse(rec, runs, betas)}
 
@@ -258,15 +266,17 @@ def criteria(res: dict) -> list:
     an = res["analysis"]
     for key, name in (("r", "translation (stall seed) r"), ("R", "rotation (exit seed) R")):
         lr = an[f"particles_{key}"]
-        span = [math.log(1.0 / r[key + "_closed"]) for r in res["runs"] if r["nside"] == NSIDE]
+        span = [math.log(1.0 / r[key + "_closed"]) for r in res["runs"] if r["nside"] == NSIDE and r["dt"] == DT]
         out.append(C.at_most(f"collapse.py: f0 as particles (nside {NSIDE}), the {name}: max |log(measured / closed "
                              "form)| (" + ", ".join(f"beta {q['beta']:g}: {q['log_ratio']:+.3f}" for q in lr) + ")",
                              max(abs(q["log_ratio"]) for q in lr), ABS_BAR, ".3f"))
         out.append(C.at_most(f"collapse.py: the same, spread over beta: the beta-dependence (log {key} spans "
                              f"{max(span) - min(span):.2f} there)", an[f"particles_{key}_spread"], SPREAD_BAR, ".3f"))
     for c in an["nside_check"]:
-        out.append(C.at_most(f"collapse.py: particles on nside {c['nside']} against {NSIDE} at beta {c['beta']:g}: "
-                             "max |log ratio| of r and R", max(abs(c["r"]), abs(c["R"])), NSIDE_BAR, ".4f"))
+        what = (f"particles on nside {c['nside']} against {NSIDE}" if c["nside"] != NSIDE else
+                f"RK4 step {c.get('dt', DT):g} against {DT:g}")
+        out.append(C.at_most(f"collapse.py: {what} at beta {c['beta']:g}: max |log ratio| of r and R",
+                             max(abs(c["r"]), abs(c["R"])), NSIDE_BAR, ".4f"))
     out.append(C.at_most("collapse.py: the density's exit law a(beta) - (2/3) log(1 + beta), spread over beta ("
                          + ", ".join(f"{q['beta']:g}: {q['a0']:.3f}" for q in an["laws"] if q["beta"] in an["a0_fit_betas"])
                          + ")", an["a0_spread"], A0_BAR, ".3f"))
@@ -309,10 +319,10 @@ def write_md(res: dict):
         L.append(f"| {o['beta']:g} | {o['closed'][0]:.6f} | {o['integrated'][0]:.6f} | {o['closed'][1]:.6f} | "
                  f"{o['integrated'][1]:.6f} |")
     L += ["", f"## The collapse as particles (f0, eps {EPS:g}, at the uniform cells' centres; RK4 dt {DT:g}, T = {T:g})", "",
-          "| beta | nside (particles) | r measured | r closed | log ratio | R measured | R closed | log ratio | "
-          "s2^2, s3^2 at T | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
+          "| beta | nside (particles) | dt | r measured | r closed | log ratio | R measured | R closed | log ratio | "
+          "s2^2, s3^2 at T | wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["runs"]:
-        L.append(f"| {r['beta']:g} | {r['nside']} ({r['particles']}) | {r['r']:.4f} | {r['r_closed']:.4f} | "
+        L.append(f"| {r['beta']:g} | {r['nside']} ({r['particles']}) | {r['dt']:g} | {r['r']:.4f} | {r['r_closed']:.4f} | "
                  f"{math.log(r['r'] / r['r_closed']):+.3f} | {r['R']:.4f} | {r['R_closed']:.4f} | "
                  f"{math.log(r['R'] / r['R_closed']):+.3f} | {r['s2sq'][-1]:.2g}, {r['s3sq'][-1]:.2g} | {r['wall_s']:.0f} |")
     L += ["", "## The record", "",
@@ -346,7 +356,7 @@ def write_md(res: dict):
           "The stall's seed r:", "", "| beta | tokens (n = 1000, 20 seeds: geometric mean) | density (converged member) | "
           "particles (nside 16) | r(beta) closed | tokens: log ratio (standard errors) | tokens' second-stage intercept c "
           "(+- se) | c - (1/2) log(1 + 2 beta / 3) |", "|---|---|---|---|---|---|---|---|"]
-    parts = {r["beta"]: r["r"] for r in res["runs"] if r["nside"] == NSIDE}
+    parts = {r["beta"]: r["r"] for r in res["runs"] if r["nside"] == NSIDE and r["dt"] == DT}
     dens = {q["beta"]: q["r"] for q in an["density"]}
     f4 = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
     for d in an["tokens"]:
@@ -366,7 +376,7 @@ def figure(res: dict):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(1, 3, figsize=(15, 4.3))
-    runs = [r for r in res["runs"] if r["nside"] == NSIDE]
+    runs = [r for r in res["runs"] if r["nside"] == NSIDE and r["dt"] == DT]
     for i, r in enumerate(runs):
         t = np.array(r["times"])
         d2 = np.array(r["delta2"]) / r["delta2"][0]
