@@ -36,6 +36,7 @@ import json
 import math
 import sys
 import tomllib
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -555,9 +556,14 @@ def main(argv=None):
     if recs:
         refs = sorted({refinement_of(r) for r in recs}, key=_order)
         rows = [r for ref in refs for r in ladder(recs, *ref)]
-        # a beta without a ladder on the default coarsest cells (beta 100) gets its fallback ladders
-        have = {(r["beta"], refinement_of(r)) for r in rows}
-        rows += [r for kw in FALLBACK_LADDERS for r in ladder(recs, **kw) if (r["beta"], refinement_of(r)) not in have]
+        # a beta without a ladder on the default coarsest cells (beta 100) gets its fallback ladders; one level
+        # there (beta 1000's nside_min 16 run) is no ladder and does not hide a fallback ladder of two or more
+        panel = lambda r: (r["beta"], refinement_of(r))  # noqa: E731
+        fallback = [r for kw in FALLBACK_LADDERS for r in ladder(recs, **kw)]
+        n_own, n_fb = Counter(map(panel, rows)), Counter(map(panel, fallback))
+        rows = [r for r in rows if not n_own[panel(r)] < 2 <= n_fb[panel(r)]]
+        have = set(map(panel, rows))
+        rows += [r for r in fallback if panel(r) not in have]
         figure(rows, OUT / "adaptive.png")
         terminal_figure(recs, OUT / "terminal.png")
     print(report(recs))
