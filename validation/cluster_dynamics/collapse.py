@@ -199,7 +199,12 @@ def record() -> dict:
     tokens = [{"beta": q["beta"], "r": q["r_geomean"], "log_r_std": q["log_r_std"], "runs": q["runs"], "c": q["c"],
                "c_sem": q["c_sem"]} for q in seed]
     density = [{"beta": b, "r": v} for b, v in DENSITY_R.items()]
-    return {"laws": laws, "token_exits": token_exits, "ladder": ladder, "tokens": tokens, "density": density}
+    # the transition-law members at beta 300 (the same setting at other amplitudes): their departures per level
+    tl = json.loads((HERE.parent / "transition_law" / "adaptive_beta300.json").read_text())["rows"]
+    amplitudes = sorted(({"beta": 300.0, "eps": r["eps"], "nside_max": r["nside_max"], "t_depart": r["t_depart"]}
+                         for r in tl if r.get("t_depart") is not None), key=lambda q: (-q["eps"], q["nside_max"]))
+    return {"laws": laws, "token_exits": token_exits, "ladder": ladder, "amplitudes": amplitudes, "tokens": tokens,
+            "density": density}
 
 
 def analyse(rec: dict, runs: list[dict], betas) -> dict:
@@ -215,6 +220,14 @@ def analyse(rec: dict, runs: list[dict], betas) -> dict:
            "a0_spread": max(q["a0"] for q in fit) - min(q["a0"] for q in fit),
            "lag": lag, "lag_level": l100[-1]["nside_max"], "departures": []}
     out["token_exits"] = [dict(q, formula=a0 + (2.0 / 3.0) * math.log1p(q["beta"])) for q in rec["token_exits"]]
+    out["amplitudes"] = []
+    for eps in sorted({q["eps"] for q in rec.get("amplitudes", [])}, reverse=True):
+        lad = [q for q in rec["amplitudes"] if q["eps"] == eps]
+        pred = a0 + (2.0 / 3.0) * math.log1p(300.0) + math.log(1.0 / eps) - lag
+        step = abs(lad[-1]["t_depart"] - lad[-2]["t_depart"]) / lad[-1]["t_depart"] if len(lad) >= 2 else None
+        out["amplitudes"].append({"beta": 300.0, "eps": eps, "pred": pred, "levels": [q["nside_max"] for q in lad],
+                                  "measured": [q["t_depart"] for q in lad], "last_step": step,
+                                  "converged": step is not None and step <= DEPART_BAR})
     for beta in PREDICT_BETAS:  # the departure from E predicted where the exit itself is not this law's
         lad = [q for q in rec["ladder"] if q["beta"] == beta and q["t_depart"] is not None]
         pred = a0 + (2.0 / 3.0) * math.log1p(beta) + math.log(1.0 / EPS) - lag
@@ -286,6 +299,11 @@ def criteria(res: dict) -> list:
                                  f"beta 100's lag ({d['pred']:.3f}) against nside_max {d['levels'][-1]}'s "
                                  f"{d['measured'][-1]:.3f} (relative)", abs(d["pred"] - d["measured"][-1]) / d["measured"][-1],
                                  DEPART_BAR, ".4f"))
+    for d in an.get("amplitudes", []):
+        if d["converged"]:
+            out.append(C.at_most(f"collapse.py: beta 300's departure from E at eps {d['eps']:g} predicted "
+                                 f"({d['pred']:.3f}) against nside_max {d['levels'][-1]}'s {d['measured'][-1]:.3f} "
+                                 "(relative)", abs(d["pred"] - d["measured"][-1]) / d["measured"][-1], DEPART_BAR, ".4f"))
     for q in an["token_exits"]:
         if q["beta"] >= 10.0:
             # the tokens carry no tails below 1 / n, so at beta 300 too their exit should be this law's (3 standard
@@ -345,6 +363,12 @@ def write_md(res: dict):
         step = "-" if d["last_step"] is None else f"{100 * d['last_step']:.1f} %" + ("" if d["converged"] else " (not converged)")
         L.append(f"| {d['beta']:g} | **{d['pred']:.3f}** | {lad} | {step} | {d['exit_law']:.2f} | "
                  + ("none by T" if d["exit"] is None else f"{d['exit']:.2f}") + " |")
+    L += ["", "At beta 300, the other amplitudes (transition_law/adaptive_beta300.json, the same setting):", "",
+          "| eps | predicted | ladder (nside_max: departure) | last step | predicted / finest |", "|---|---|---|---|---|"]
+    for d in an.get("amplitudes", []):
+        lad = ", ".join(f"{n}: {t:.3f}" for n, t in zip(d["levels"], d["measured"]))
+        step = "-" if d["last_step"] is None else f"{100 * d['last_step']:.1f} %" + ("" if d["converged"] else " (not converged)")
+        L.append(f"| {d['eps']:g} | **{d['pred']:.3f}** | {lad} | {step} | {d['pred'] / d['measured'][-1]:.3f} |")
     L += ["", "At beta 300 the pair leaves E on the law's schedule, and the tails hold it afterwards. Tokens have no tails "
           "below 1 / n; their exit intercept at the law's slope (law.py: a + mean(t_exit - law) over each n's runs) "
           "against the formula a0 + (2/3) log(1 + beta):", "",
