@@ -328,8 +328,10 @@ def write_md(res, path):
         L.append(f"| {r['beta']:g} | {r['stage']} | " + ", ".join(f"{e:.0e}" for e in r["eps"]) + " | "
                  + ", ".join(f"{t:.2f}" for t in r["t"]) + f" | {r['a']:.3f} | {r['b']:.4f} | {r['b_predicted']:.4f} |")
     if (HERE / "collapse.md").exists():  # collapse.py's report, whose criteria join these
+        # (as text, not a link: the documentation's pages are the studies' READMEs, and a link to another .md
+        # file of the study is an unknown document there)
         L += ["", "What the collapse leaves of the two seeds, both log(beta) of the terminal phase in closed form: "
-              "[collapse.md](collapse.md) (`collapse.py`; its figure below)."]
+              "`validation/cluster_dynamics/collapse.md` (`collapse.py`; README, its last section; its figure below)."]
     L.append("")
     Path(path).write_text("\n".join(L))
 
