@@ -150,15 +150,15 @@ def collapse_run(beta: float, nside: int, eps: float = EPS, t_end: float = T, dt
     shrink r = delta2(T) / delta2(0), R = delta3(T) e^-T / delta3(0)."""
     from spherepde import HealpixGrid, simulate_particles
     from spherepde.config import perturbed_uniform
-    from validation.fig4_concentration.lagrangian import paper_model
+    from validation.fig4_concentration.lagrangian import paper_model, particles_of
 
     g = HealpixGrid(nside)
-    w = perturbed_uniform(g.centers, eps) * g.areas
+    x0, w = particles_of(g, perturbed_uniform(g.centers, eps), 0)  # a cell's mass f0 x area at its centre
     w = w / w.sum()
     save = np.round(np.arange(0.0, t_end + 1e-9, DT_SAVE), 10)
     model, _ = paper_model(beta)
     t0 = time.perf_counter()
-    pr = simulate_particles(model, g.centers, t_end, dt, save_at=save, method="rk4", weights=w)
+    pr = simulate_particles(model, x0, t_end, dt, save_at=save, method="rk4", weights=w)
     wall = time.perf_counter() - t0
     S = np.array([seeds(X, w, beta) for X in pr.positions])
     return {"beta": beta, "nside": nside, "particles": int(len(w)), "eps": eps, "dt": dt, "wall_s": wall,
@@ -179,7 +179,7 @@ def record() -> dict:
     """The measured numbers this derivation explains, from the studies' files: the density-level exit laws'
     intercepts a(beta) and their anchors, Figure 4's adaptive ladder at eps 0.05 (departure and exit per level),
     the tokens' r (lists of rows keyed by "beta")."""
-    from validation.fig4_concentration.adaptive import leave_plateau
+    from validation.fig4_concentration.adaptive import fallback_ladder, leave_plateau
 
     law = json.loads((HERE.parent / "token_ensembles" / "law.json").read_text())
     laws = [{"beta": b["beta"], "a": b["law"]["a"], "anchor": b["law"]["anchor"]} for b in law["betas"]]
@@ -189,12 +189,10 @@ def record() -> dict:
                     "se": math.sqrt(max(q["rms_law"] ** 2 - q["mean_law_error"] ** 2, 0.0) / q["runs"])}
                    for b in law["betas"] for q in b["per_seed"]]
     fig4 = json.loads((HERE.parent / "fig4_concentration" / "adaptive.json").read_text())["rows"]
-    # Figure 4's ladder at eps 0.05 (perturbed f0) in the setting of its converged levels at beta >= 100 (attended
-    # refinement, the attention criterion where f varies > 0.25, nside 32 coarsest cells, the default rtol)
-    ladder = sorted(({"beta": r["beta"], "nside_max": r["nside_max"], "t_exit": r["t_exit"], "t_depart": leave_plateau(r)}
-                     for r in fig4 if r.get("f0") == "perturbed" and r.get("nside_min") == 32
-                     and r.get("attention_variation") == 0.25 and r.get("rtol") is None and r["beta"] in (100.0,) + PREDICT_BETAS),
-                    key=lambda q: (q["beta"], q["nside_max"]))
+    # Figure 4's ladders at eps 0.05 at beta >= 100 (its fallback ladders: ladder.csv's, the attended refinement
+    # on nside 32 coarsest cells)
+    ladder = [{"beta": r["beta"], "nside_max": r["nside_max"], "t_exit": r["t_exit"], "t_depart": leave_plateau(r)}
+              for beta in (100.0,) + PREDICT_BETAS for r in fallback_ladder(fig4, beta)]
     seed = json.loads((HERE.parent / "token_ensembles" / "stall_seed.json").read_text())["per_beta"]
     tokens = [{"beta": q["beta"], "r": q["r_geomean"], "log_r_std": q["log_r_std"], "runs": q["runs"], "c": q["c"],
                "c_sem": q["c_sem"]} for q in seed]
@@ -220,22 +218,22 @@ def analyse(rec: dict, runs: list[dict], betas) -> dict:
            "a0_spread": max(q["a0"] for q in fit) - min(q["a0"] for q in fit),
            "lag": lag, "lag_level": l100[-1]["nside_max"], "departures": []}
     out["token_exits"] = [dict(q, formula=a0 + (2.0 / 3.0) * math.log1p(q["beta"])) for q in rec["token_exits"]]
-    out["amplitudes"] = []
-    for eps in sorted({q["eps"] for q in rec.get("amplitudes", [])}, reverse=True):
-        lad = [q for q in rec["amplitudes"] if q["eps"] == eps]
-        pred = a0 + (2.0 / 3.0) * math.log1p(300.0) + math.log(1.0 / eps) - lag
+
+    def departure(beta: float, eps: float, lad: list[dict]) -> dict:
+        """The departure from E predicted at (beta, eps), beside a ladder's readings and its last step."""
+        pred = a0 + (2.0 / 3.0) * math.log1p(beta) + math.log(1.0 / eps) - lag
         step = abs(lad[-1]["t_depart"] - lad[-2]["t_depart"]) / lad[-1]["t_depart"] if len(lad) >= 2 else None
-        out["amplitudes"].append({"beta": 300.0, "eps": eps, "pred": pred, "levels": [q["nside_max"] for q in lad],
-                                  "measured": [q["t_depart"] for q in lad], "last_step": step,
-                                  "converged": step is not None and step <= DEPART_BAR})
+        return {"beta": beta, "eps": eps, "pred": pred, "levels": [q["nside_max"] for q in lad],
+                "measured": [q["t_depart"] for q in lad], "last_step": step,
+                "converged": step is not None and step <= DEPART_BAR}
+
+    amp = rec.get("amplitudes", [])
+    out["amplitudes"] = [departure(300.0, eps, [q for q in amp if q["eps"] == eps])
+                         for eps in sorted({q["eps"] for q in amp}, reverse=True)]
     for beta in PREDICT_BETAS:  # the departure from E predicted where the exit itself is not this law's
         lad = [q for q in rec["ladder"] if q["beta"] == beta and q["t_depart"] is not None]
-        pred = a0 + (2.0 / 3.0) * math.log1p(beta) + math.log(1.0 / EPS) - lag
-        step = abs(lad[-1]["t_depart"] - lad[-2]["t_depart"]) / lad[-1]["t_depart"] if len(lad) >= 2 else None
-        out["departures"].append({"beta": beta, "pred": pred, "levels": [q["nside_max"] for q in lad],
-                                  "measured": [q["t_depart"] for q in lad], "last_step": step,
-                                  "converged": step is not None and step <= DEPART_BAR,
-                                  "exit": lad[-1]["t_exit"] if lad else None, "exit_law": pred + lag})
+        d = departure(beta, EPS, lad)
+        out["departures"].append(dict(d, exit=lad[-1]["t_exit"] if lad else None, exit_law=d["pred"] + lag))
     out["tokens"] = [dict(q, closed=translation_shrink(q["beta"]), log_ratio=math.log(q["r"] / translation_shrink(q["beta"])),
                           se=q["log_r_std"] / math.sqrt(q["runs"])) for q in rec["tokens"]]
     out["density"] = [dict(q, closed=translation_shrink(q["beta"]), log_ratio=math.log(q["r"] / translation_shrink(q["beta"])))
