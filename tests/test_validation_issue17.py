@@ -155,10 +155,10 @@ def test_fig4_ladder_csv_is_the_contract_and_matches_the_runs(tmp_path):
     assert all(sum((a.get("f0", "perturbed"), a["beta"]) == k for a in ada) >= 2 for k in on_ada)
     # beta 100's, 300's and 1000's perturbed ladders are fallback ones (no ladder of the default refinement
     # there): the one with the attention criterion where f varies on nside 32 coarsest cells, to nside_max 512
-    # at beta 100 (converged: README), 1024 at beta 300 and 1024 at beta 1000 (512 and 1024 to T = 12); beta 300's
+    # at beta 100 (converged: README), 1024 at beta 300 and 2048 at beta 1000 (512 to 2048 to T = 12); beta 300's
     # nside_min 64 level, beta 1000's nside_min 16 one and beta 100's rtol 1e-4 level are not in them
     for beta, levels in ((100.0, [64, 128, 256, 512]), (300.0, [64, 128, 256, 512, 1024]),
-                         (1000.0, [64, 128, 256, 512, 1024])):
+                         (1000.0, [64, 128, 256, 512, 1024, 2048])):
         sel = [a for a in ada if (a.get("f0", "perturbed"), a["beta"]) == ("perturbed", beta)]
         assert [a["nside_max"] for a in sel] == levels
         assert all(a.get("attended") and a["nside_min"] == 32 and a["attention_variation"] == 0.25 for a in sel)
