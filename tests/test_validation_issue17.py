@@ -1437,3 +1437,40 @@ def test_collapse_closed_forms_are_the_moment_equations_integrals_and_the_partic
     assert np.all(np.abs(lr[1] - lr[0]) <= mod.SPREAD_BAR), lr
     # the seeds are read after the widths have fallen far below the attention scale (s^2 << 1 at T)
     assert all(q["s2sq"][-1] < 0.1 and q["s3sq"][-1] < 0.1 for q in runs)
+
+
+def test_transition_law_stall_lag_on_grid_limited_clusters_on_disk():
+    """transition_law/README.md, "The stall runs 3-4 % slow on grid-limited clusters" (record stall_refined.json:
+    beta 30, eps 1e-3, the nside-32-base members at nside_max 2048 and 4096, and restarts of the 4096 state).
+    Asserted: (1) the restart at the member's own level gives its t_exit and t_EF back (1e-4); (2) t_exit agrees
+    on every level to 0.2 % and t_EF converges (each within the issue's 2 % of the next finer); (3) on every level
+    the stall's seed mean(x2) grows at < 0.975 over t = 13-17 where the exact rate int f v2 / mean(x2) at t = 16 is
+    >= 0.995: a lag of 0.1-0.2 time units, and t_EF less it agrees on the 4096-based levels to 0.02 (it would not
+    if the lag were noise); (4) it is not the step (cfl 0.2, rtol 1e-6: 1e-3), nor the regrids (a static grid: 1e-3),
+    nor the exact rate's quadrature (the states' reconstructions on 4x and 16x finer cells: 3e-4), and the
+    state's cells refined 4x grow at > 0.99; (5) the exit's seed on E is carried at its exact rate (0.6 %)."""
+    from validation.transition_law import stall_refined as S
+
+    rec = json.loads((C.VALID / "transition_law" / "stall_refined.json").read_text())
+    src, lv, ch = rec["sources"], rec["levels"], rec["checks"]
+    own = lv["4096_t8_4096"]
+    for key in ("t_exit", "t_EF"):
+        assert abs(own[key] / src["4096"][key] - 1) <= 1e-4, key
+    ladder = [src["2048"], src["4096"], lv["4096_t8_8192"], lv["4096_t12.5_16384"]]
+    assert max(q["t_exit"] for q in ladder) / min(q["t_exit"] for q in ladder) - 1 <= 0.002
+    assert all(abs(a["t_EF"] / b["t_EF"] - 1) <= 0.02 for a, b in zip(ladder, ladder[1:]))
+    exact = [src["2048"]["states"]["16"]["exact_rate"], src["4096"]["states"]["16"]["exact_rate"]] + \
+        [lv[k]["at16"]["exact_rate"] for k in ("4096_t8_8192", "4096_t12.5_16384")]
+    lags = [S.lag(q, e) for q, e in zip(ladder, exact)]
+    assert all(q["rate"] < 0.975 for q in ladder) and min(exact) >= 0.995
+    assert all(0.1 <= g <= 0.2 for g in lags), lags
+    fixed = [q["t_EF"] - g for q, g in zip(ladder[1:], lags[1:])]
+    assert max(fixed) - min(fixed) <= 0.02 and max(fixed) < min(q["t_EF"] for q in ladder) - 0.1
+    step = ch["step"]
+    assert max(abs(step[k] - step["cfl 0.8"]) for k in ("cfl 0.2", "rtol 1e-6")) <= 1e-3
+    assert abs(ch["static_1.5"] - ch["adaptive_1.5"]) <= 1e-3 and ch["adaptive_1.5"] < 0.97
+    assert ch["refined16384_1.5"] > 0.99
+    for key, rate in ch["exact_on_finer"].items():
+        t = key.split(",")[0].split()[1]
+        assert abs(rate - src["4096"]["states"][t]["exact_rate"]) <= 3e-4, key
+    assert all(abs(q["scheme"] - q["exact"]) <= 0.006 for q in ch["exit_seed"].values())
