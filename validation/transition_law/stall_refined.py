@@ -41,7 +41,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 from spherepde.diagnostics import exit_time, transition_time  # noqa: E402
 from validation.fig3_density.common import PAPER_B, PAPER_V, grid_measures  # noqa: E402
 
-BETA, EPS, T_END, SAVE = 30.0, 1e-3, 25.0, 0.25
+BETA, T_END = 30.0, 25.0
 #: The clusters' cells: at least this share of the heaviest cell's mass (the tails' cut of fig4's TAIL_FRACTION).
 MASSIVE = 1e-6
 #: The cluster's cells for its width: within this angle (rad) of the heaviest cell.
@@ -112,17 +112,31 @@ def series(times, rows) -> dict:
             "rate": rate_between(times, x2)}
 
 
-def restart(r, t0: float, nside_max: int, t_end: float = T_END) -> dict:
-    """The state of ``r`` at t0 on AdaptiveHealpixGrid(32, nside_max) with its cells, run to t_end."""
-    import spherepde as sp
+def on_finest(nside_max: int):
+    """grid_of for :func:`solver_at`: a state's own cells and refinement, with finest cells of ``nside_max``."""
     from spherepde.grids.adaptive import AdaptiveHealpixGrid
 
+    def grid_of(g, f):
+        return AdaptiveHealpixGrid(32, nside_max, uniq=g.uniq, refinement=g.refinement, max_cells=3_000_000), f
+    return grid_of
+
+
+def solver_at(r, t0: float, grid_of, **options):
+    """(a Solver from the state of ``r`` saved nearest t0, on ``grid_of(its grid, its f)`` -> (grid, f), with the
+    member's options overridden by ``options``; the state's index)."""
+    import spherepde as sp
+
+    i = int(np.argmin(abs(np.asarray(r.times) - t0)))
+    grid, f = grid_of(r.grid_at(i), np.asarray(r.density[i]))
+    opts = dict(cfl=0.8, field_interval=10)
+    opts.update(options)
+    return sp.Solver(grid, model(), f, sp.Options(**opts), t0=float(r.times[i])), i
+
+
+def restart(r, t0: float, nside_max: int, t_end: float = T_END) -> dict:
+    """The state of ``r`` at t0 on AdaptiveHealpixGrid(32, nside_max) with its cells, run to t_end."""
     times = np.asarray(r.times)
-    i = int(np.argmin(abs(times - t0)))
-    g = r.grid_at(i)
-    grid = AdaptiveHealpixGrid(32, nside_max, uniq=g.uniq, refinement=g.refinement, max_cells=3_000_000)
-    s = sp.Solver(grid, model(), np.asarray(r.density[i]), sp.Options(cfl=0.8, field_interval=10),
-                  t0=float(times[i]))
+    s, i = solver_at(r, t0, on_finest(nside_max))
     mass0 = float(np.sum(s.f * s.grid.areas))
     # the alignments before t0 are the source's (t_exit and t_EF need the E-phase's lead)
     rows = [measure(r.grid_at(k), r.density[k]) for k in range(i)] + [measure(s.grid, s.f)]
@@ -144,27 +158,12 @@ def restart(r, t0: float, nside_max: int, t_end: float = T_END) -> dict:
     return out
 
 
-def short_run(r, t0: float, span: float, grid_of, quantity="x2", **options) -> float:
-    """The run's growth rate of ``quantity`` (mean(x2), or mean(x1 x3) for "x13") over [t0, t0 + span] from the
-    state of ``r`` at t0, on ``grid_of(state grid)`` -> (grid, its f) with the study's options (overridden by
-    ``options``)."""
-    import spherepde as sp
-
-    times = np.asarray(r.times)
-    i = int(np.argmin(abs(times - t0)))
-    grid, f = grid_of(r.grid_at(i), np.asarray(r.density[i]))
-    opts = dict(cfl=0.8, field_interval=10)
-    opts.update(options)
-    s = sp.Solver(grid, model(), f, sp.Options(**opts), t0=float(times[i]))
-
-    def q(s):
-        x = s.grid.centers
-        w = x[:, 1] if quantity == "x2" else x[:, 0] * x[:, 2]
-        return float(np.sum(s.f * s.grid.areas * w))
-
-    a = q(s)
-    s.advance(float(times[i]) + span)
-    return float(np.log(q(s) / a) / span)
+def short_run(r, t0: float, span: float, grid_of, **options) -> float:
+    """The run's growth rate of mean(x2) over [t0, t0 + span] from the state of ``r`` at t0 (:func:`solver_at`)."""
+    s, _ = solver_at(r, t0, grid_of, **options)
+    t_start, a = s.t, measure(s.grid, s.f)[2]
+    s.advance(t_start + span)
+    return float(np.log(measure(s.grid, s.f)[2] / a) / span)
 
 
 def checks(r) -> dict:
@@ -172,13 +171,7 @@ def checks(r) -> dict:
     rate (the states' reconstructions on finer cells); and the exit's seed on E, carried at its exact rate."""
     from spherepde.grids.adaptive import AdaptiveHealpixGrid, transfer
 
-    def same(g, f):
-        return AdaptiveHealpixGrid(32, 4096, uniq=g.uniq, refinement=g.refinement, max_cells=3_000_000), f
-
-    def finer(n):
-        def grid_of(g, f):
-            return AdaptiveHealpixGrid(32, n, uniq=g.uniq, refinement=g.refinement, max_cells=3_000_000), f
-        return grid_of
+    same = on_finest(4096)
 
     def static(g, f):  # the clusters' neighbourhood (0.03 rad) all on the finest cells, no regrids
         m = f * g.areas
@@ -192,7 +185,7 @@ def checks(r) -> dict:
     out = {"step": {"cfl 0.8": short_run(r, 16.0, 0.5, same), "cfl 0.2": short_run(r, 16.0, 0.5, same, cfl=0.2),
                     "rtol 1e-6": short_run(r, 16.0, 0.5, same, rtol=1e-6)},
            "static_1.5": short_run(r, 16.0, 1.5, static), "adaptive_1.5": short_run(r, 16.0, 1.5, same),
-           "refined16384_1.5": short_run(r, 16.0, 1.5, finer(16384))}
+           "refined16384_1.5": short_run(r, 16.0, 1.5, on_finest(16384))}
     times = np.asarray(r.times)
     recon = {}
     for t in (13.0, 16.0):
