@@ -307,7 +307,48 @@ def write(rec: dict):
         L += ["", "The exit's seed mean(x1 x3) on E: the exact rate at t against the run's growth over [t, t + 0.5]:", "",
               "| t | exact | run |", "|---|---|---|"]
         L += [f"| {k} | {v['exact']:.4f} | {v['scheme']:.4f} |" for k, v in c["exit_seed"].items()]
+    L += ["", "![the stall's seed per level against its exact growth](stall_refined.png)"]
     (HERE / "stall_refined.md").write_text("\n".join(L) + "\n")
+    plot(rec)
+
+
+def plot(rec: dict):
+    """stall_refined.png: mean(x2) per level against t (left) and its growth rate over each half time unit against
+    the exact rate at the members' states (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [(f"member, nside_max {n}", q) for n, q in sorted(rec["sources"].items(), key=lambda kv: int(kv[0]))]
+    runs += [(f"restart t0 = {q['t0']:g}, nside_max {q['nside_max']}", q) for q in rec["levels"].values()]
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4.2))
+    for k, (name, q) in enumerate(runs):
+        t, x2 = np.asarray(q["times"]), np.asarray(q["x2"])
+        ax[0].semilogy(t, x2, color=f"C{k}", lw=1.2, label=name)
+        sel = (t >= 12.5) & (t <= 20.0)
+        tm, xm = t[sel][::2], x2[sel][::2]
+        ax[1].plot(0.5 * (tm[1:] + tm[:-1]), np.diff(np.log(xm)) / np.diff(tm), "o-", ms=3, color=f"C{k}", label=name)
+    src = rec["sources"]["4096"]["states"]
+    ax[1].plot([float(t) for t in src], [q["exact_rate"] for q in src.values()], "k*", ms=9,
+               label="exact int f v2 / mean(x2) at nside_max 4096's states")
+    t0 = 13.0
+    x0 = np.interp(t0, rec["sources"]["4096"]["times"], rec["sources"]["4096"]["x2"])
+    tt = np.linspace(t0, 20.0, 2)
+    ax[0].semilogy(tt, x0 * np.exp(tt - t0), "k--", lw=0.8, label="rate 1 from t = 13")
+    ax[0].set_xlabel("t")
+    ax[0].set_ylabel("mean(x2): the stall's seed")
+    ax[0].set_xlim(8, 23)
+    ax[0].legend(fontsize=7)
+    ax[1].axhline(1.0, color="k", lw=0.6)
+    ax[1].set_xlabel("t")
+    ax[1].set_ylabel("growth rate of mean(x2) over each 0.5")
+    ax[1].set_ylim(0.85, 1.05)
+    ax[1].legend(fontsize=7)
+    fig.suptitle("beta 30, eps 1e-3: the stall's seed grows 3-4 % slowly on clusters 3-4 finest cells wide", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(HERE / "stall_refined.png", dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
