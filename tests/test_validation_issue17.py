@@ -1448,7 +1448,8 @@ def test_transition_law_stall_lag_on_grid_limited_clusters_on_disk():
     >= 0.995: a lag of 0.1-0.2 time units, and t_EF less it agrees on the 4096-based levels to 0.02 (it would not
     if the lag were noise); (4) it is not the step (cfl 0.2, rtol 1e-6: 1e-3), nor the regrids (a static grid: 1e-3),
     nor the exact rate's quadrature (the states' reconstructions on 4x and 16x finer cells: 3e-4), and the
-    state's cells refined 4x grow at > 0.99; (5) the exit's seed on E is carried at its exact rate (0.6 %)."""
+    state's cells refined 4x grow at > 0.99, as does the diffusive upwind scheme; (5) the exit's seed on E is
+    carried at its exact rate (0.6 %)."""
     from validation.transition_law import stall_refined as S
 
     rec = json.loads((C.VALID / "transition_law" / "stall_refined.json").read_text())
@@ -1470,6 +1471,8 @@ def test_transition_law_stall_lag_on_grid_limited_clusters_on_disk():
     assert max(abs(step[k] - step["cfl 0.8"]) for k in ("cfl 0.2", "rtol 1e-6")) <= 1e-3
     assert abs(ch["static_1.5"] - ch["adaptive_1.5"]) <= 1e-3 and ch["adaptive_1.5"] < 0.97
     assert ch["refined16384_1.5"] > 0.99
+    # the diffusive upwind scheme (wider clusters) is nearer the exact rate than the linear one, the quadratic farther
+    assert ch["schemes"]["upwind"] > step["cfl 0.8"] + 0.03 > ch["schemes"]["quadratic"] + 0.03
     for key, rate in ch["exact_on_finer"].items():
         t = key.split(",")[0].split()[1]
         assert abs(rate - src["4096"]["states"][t]["exact_rate"]) <= 3e-4, key

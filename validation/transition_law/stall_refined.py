@@ -185,7 +185,11 @@ def checks(r) -> dict:
     out = {"step": {"cfl 0.8": short_run(r, 16.0, 0.5, same), "cfl 0.2": short_run(r, 16.0, 0.5, same, cfl=0.2),
                     "rtol 1e-6": short_run(r, 16.0, 0.5, same, rtol=1e-6)},
            "static_1.5": short_run(r, 16.0, 1.5, static), "adaptive_1.5": short_run(r, 16.0, 1.5, same),
-           "refined16384_1.5": short_run(r, 16.0, 1.5, on_finest(16384))}
+           "refined16384_1.5": short_run(r, 16.0, 1.5, on_finest(16384)),
+           # the other reconstructions from the same state (each starts from the linear scheme's profile)
+           "schemes": {name: short_run(r, 16.0, 0.5, same, **kw) for name, kw in
+                       (("limiter maximum", {"limiter": "maximum"}), ("quadratic", {"scheme": "quadratic"}),
+                        ("upwind", {"scheme": "upwind"}))}}
     times = np.asarray(r.times)
     recon = {}
     for t in (13.0, 16.0):
@@ -298,6 +302,7 @@ def write(rec: dict):
               f"{rec['sources']['4096']['states']['16']['exact_rate']:.4f}):", "",
               "| run | rate |", "|---|---|"]
         L += [f"| over 0.5, {k} | {v:.4f} |" for k, v in c["step"].items()]
+        L += [f"| over 0.5, {k} | {v:.4f} |" for k, v in c.get("schemes", {}).items()]
         L += [f"| over 1.5, adaptive (the member's refinement) | {c['adaptive_1.5']:.4f} |",
               f"| over 1.5, static grid (the clusters' 0.03 rad all at nside 4096, no regrids) | {c['static_1.5']:.4f} |",
               f"| over 1.5, the state's cells refined to nside_max 16384 | {c['refined16384_1.5']:.4f} |", "",
