@@ -1446,7 +1446,8 @@ def test_transition_law_stall_lag_on_grid_limited_clusters_on_disk():
     on every level to 0.2 % and t_EF converges (each within the issue's 2 % of the next finer); (3) on every level
     the stall's seed mean(x2) grows at < 0.975 over t = 13-17 where the exact rate int f v2 / mean(x2) at t = 16 is
     >= 0.995: a lag of 0.1-0.2 time units, and t_EF less it agrees on the 4096-based levels to 0.02 (it would not
-    if the lag were noise); (4) it is not the step (cfl 0.2, rtol 1e-6: 1e-3), nor the regrids (a static grid: 1e-3),
+    if the lag were noise); (4) it is not the step (cfl 0.2, rtol 1e-6: 1e-3), nor the field's extrapolation
+    (recomputed every step: 1e-3), nor the regrids (a static grid: 1e-3),
     nor the exact rate's quadrature (the states' reconstructions on 4x and 16x finer cells: 3e-4), and the
     state's cells refined 4x grow at > 0.99, as does the diffusive upwind scheme; (5) the exit's seed on E is
     carried at its exact rate (0.6 %)."""
@@ -1468,7 +1469,7 @@ def test_transition_law_stall_lag_on_grid_limited_clusters_on_disk():
     fixed = [q["t_EF"] - g for q, g in zip(ladder[1:], lags[1:])]
     assert max(fixed) - min(fixed) <= 0.02 and max(fixed) < min(q["t_EF"] for q in ladder) - 0.1
     step = ch["step"]
-    assert max(abs(step[k] - step["cfl 0.8"]) for k in ("cfl 0.2", "rtol 1e-6")) <= 1e-3
+    assert max(abs(step[k] - step["cfl 0.8"]) for k in ("cfl 0.2", "rtol 1e-6", "field every step")) <= 1e-3
     assert abs(ch["static_1.5"] - ch["adaptive_1.5"]) <= 1e-3 and ch["adaptive_1.5"] < 0.97
     assert ch["refined16384_1.5"] > 0.99
     # the diffusive upwind scheme (wider clusters) is nearer the exact rate than the linear one, the quadratic farther

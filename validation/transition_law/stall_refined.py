@@ -167,8 +167,9 @@ def short_run(r, t0: float, span: float, grid_of, **options) -> float:
 
 
 def checks(r) -> dict:
-    """What the slow stall is not: the step (cfl, rtol), the regrids (a static grid), the quadrature of the exact
-    rate (the states' reconstructions on finer cells); and the exit's seed on E, carried at its exact rate."""
+    """What the slow stall is not: the step (cfl, rtol), the field's extrapolation (field_interval 1), the regrids
+    (a static grid), the quadrature of the exact rate (the states' reconstructions on finer cells); what moves it
+    (finer cells, other reconstructions); and the exit's seed on E, carried at its exact rate."""
     from spherepde.grids.adaptive import AdaptiveHealpixGrid, transfer
 
     same = on_finest(4096)
@@ -183,7 +184,8 @@ def checks(r) -> dict:
         return g2, transfer(f, g0, g2)
 
     out = {"step": {"cfl 0.8": short_run(r, 16.0, 0.5, same), "cfl 0.2": short_run(r, 16.0, 0.5, same, cfl=0.2),
-                    "rtol 1e-6": short_run(r, 16.0, 0.5, same, rtol=1e-6)},
+                    "rtol 1e-6": short_run(r, 16.0, 0.5, same, rtol=1e-6),
+                    "field every step": short_run(r, 16.0, 0.5, same, field_interval=1)},
            "static_1.5": short_run(r, 16.0, 1.5, static), "adaptive_1.5": short_run(r, 16.0, 1.5, same),
            "refined16384_1.5": short_run(r, 16.0, 1.5, on_finest(16384)),
            # the other reconstructions from the same state (each starts from the linear scheme's profile)
