@@ -285,7 +285,7 @@ def criteria(res: dict) -> list:
                              f"{max(span) - min(span):.2f} there)", an[f"particles_{key}_spread"], SPREAD_BAR, ".3f"))
     for c in an["nside_check"]:
         what = (f"particles on nside {c['nside']} against {NSIDE}" if c["nside"] != NSIDE else
-                f"RK4 step {c.get('dt', DT):g} against {DT:g}")
+                f"RK4 step {c['dt']:g} against {DT:g}")
         out.append(C.at_most(f"collapse.py: {what} at beta {c['beta']:g}: max |log ratio| of r and R",
                              max(abs(c["r"]), abs(c["R"])), NSIDE_BAR, ".4f"))
     out.append(C.at_most("collapse.py: the density's exit law a(beta) - (2/3) log(1 + beta), spread over beta ("

@@ -561,7 +561,7 @@ def main(argv=None):
         panel = lambda r: (r["beta"], refinement_of(r))  # noqa: E731
         fallback = [r for kw in FALLBACK_LADDERS for r in ladder(recs, **kw)]
         n_own, n_fb = Counter(map(panel, rows)), Counter(map(panel, fallback))
-        rows = [r for r in rows if not n_own[panel(r)] < 2 <= n_fb[panel(r)]]
+        rows = [r for r in rows if n_own[panel(r)] >= 2 or n_fb[panel(r)] < 2]
         have = set(map(panel, rows))
         rows += [r for r in fallback if panel(r) not in have]
         figure(rows, OUT / "adaptive.png")

@@ -28,6 +28,7 @@ The committed record: ``--levels 4096 8192 --t0 8``, ``--levels 16384 --t0 12.5 
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import json
 import sys
@@ -50,6 +51,7 @@ RADIUS = 0.05
 RATE_T0, RATE_T1 = 13.0, 17.0
 
 
+@functools.lru_cache(maxsize=None)  # one load a member per process (checks and restarts share its built grids)
 def source(nside_max: int):
     import spherepde as sp
 
@@ -231,7 +233,20 @@ def main():
     ap.add_argument("--report-only", action="store_true")
     a = ap.parse_args()
     path = HERE / "stall_refined.json"
-    rec = json.loads(path.read_text()) if path.exists() else {"levels": {}, "sources": {}}
+
+    def read() -> dict:
+        return json.loads(path.read_text()) if path.exists() else {"levels": {}, "sources": {}}
+
+    def store(section: str, key: str | None, value):
+        """Add ``value`` to the record on disk, read afresh (other invocations may have added levels meanwhile)."""
+        rec = read()
+        if key is None:
+            rec[section] = value
+        else:
+            rec[section][key] = value
+        path.write_text(json.dumps(rec, indent=1))
+
+    rec = read()
     if not a.report_only:
         for n in (2048, 4096):
             if str(n) in rec["sources"]:  # a member's readings do not change
@@ -245,20 +260,12 @@ def main():
             sr["states"] = {f"{t:g}": moments(r.grid_at(int(np.argmin(abs(times - t)))),
                                               r.density[int(np.argmin(abs(times - t)))])
                             for t in (13.0, 14.0, 15.0, 16.0, 17.0, 18.0, 19.0)}
-            rec["sources"][str(n)] = sr
-            path.write_text(json.dumps(rec, indent=1))
-        r = source(a.source)
+            store("sources", str(n), sr)
         if a.checks:
-            q = checks(source(4096))
-            rec = json.loads(path.read_text())
-            rec["checks"] = q
-            path.write_text(json.dumps(rec, indent=1))
+            store("checks", None, checks(source(4096)))
         for n in a.levels:
-            key = f"{a.source}_t{a.t0:g}_{n}"
-            q = restart(r, a.t0, n, a.t_end)
-            rec = json.loads(path.read_text())  # other invocations may have added levels meanwhile
-            rec["levels"][key] = q
-            path.write_text(json.dumps(rec, indent=1))
+            store("levels", f"{a.source}_t{a.t0:g}_{n}", restart(source(a.source), a.t0, n, a.t_end))
+        rec = read()
     write(rec)
 
 
