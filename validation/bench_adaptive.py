@@ -16,6 +16,9 @@ Writes validation/bench_adaptive.md. ``--attended`` times only the attended dens
 ``Refinement(attended=True)`` (its pruned kernel against the dense twin): bench_attended.md. ``--paper [--limit 900] [--attention 1e9]`` runs only the paper-scale
 benchmark of the issue instead (beta 100, T = 20, perturbed f0, nside_min 32, nside_max 1024; wall time,
 the time reached within the limit, peak memory, the cell count against t): bench_adaptive_paper.md/.png.
+``--parts [--steps 20] [--repeat 3]``: where that run's time goes at its peak cell count, part by part (the
+regrid's criteria, new grid, balance, faces, stencils, transfer, field history; the stages; whole fields):
+bench_adaptive_parts.md.
 """
 from __future__ import annotations
 
@@ -106,25 +109,29 @@ def regrid_cost(nside: int, steps: int, repeat: int):
         (float(min(per_regrid[1:])), float(max(per_regrid[1:])))
 
 
-def _timed_method(obj, name: str, acc: dict):
-    """Wrap obj.name to add its calls and seconds to acc[name] = [calls, seconds]."""
+def _timed_method(obj, name: str, acc: dict, label: str | None = None):
+    """Wrap obj.name to add its calls and seconds to acc[label] = [calls, seconds] (label: name); returns the
+    original, for the caller to put back."""
     inner = getattr(obj, name)
-    acc[name] = [0, 0.0]
+    label = name if label is None else label
+    acc.setdefault(label, [0, 0.0])
 
     def wrapped(*a, **k):
         t = time.perf_counter()
         try:
             return inner(*a, **k)
         finally:
-            acc[name][0] += 1
-            acc[name][1] += time.perf_counter() - t
+            acc[label][0] += 1
+            acc[label][1] += time.perf_counter() - t
 
     setattr(obj, name, wrapped)
+    return inner
 
 
-def paper_scale(limit_s: float, attention: float, field_interval: int | None = 40):
+def paper_scale(limit_s: float, attention: float, field_interval: int | None = 40, attention_variation: float = 0.0,
+                attended: bool = False):
     """The issue's paper-scale run: beta 100, paper matrices, the perturbed f0 (eps 0.05), T = 20, nside_min
-    32, nside_max 1024, Refinement(attention=...), stopped after ``limit_s`` seconds of wall time. Returns
+    32, nside_max 1024, Refinement(attention=..., attention_variation=..., attended=...), stopped after ``limit_s`` seconds of wall time. Returns
     the wall time, the time reached, peak memory (max RSS, bytes) and the cell count against t."""
     import resource
 
@@ -132,7 +139,8 @@ def paper_scale(limit_s: float, attention: float, field_interval: int | None = 4
     from spherepde.config import perturbed_uniform
 
     p = MATRIX_PRESETS["paper"]
-    grid = AdaptiveHealpixGrid(32, 1024, refinement=Refinement(attention=attention), max_cells=3_000_000)
+    refinement = Refinement(attention=attention, attention_variation=attention_variation, attended=attended)
+    grid = AdaptiveHealpixGrid(32, 1024, refinement=refinement, max_cells=3_000_000)
     t0 = time.perf_counter()
     s = Solver(grid, Attention(p["B"], p["V"], 100.0), lambda x: perturbed_uniform(x, 0.05),
                Options(field_interval=field_interval))
@@ -147,8 +155,110 @@ def paper_scale(limit_s: float, attention: float, field_interval: int | None = 4
     track.append((s.t, s.grid.n_cells, time.perf_counter() - t0))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"wall_s": time.perf_counter() - t0, "t": s.t, "steps": s.n_steps, "peak_rss": rss,
-            "track": track, "attention": attention, "max_cells": max(c for _, c, _ in track),
+            "track": track, "refinement": refinement, "max_cells": max(c for _, c, _ in track),
             "field_interval": field_interval, "parts": acc}
+
+
+#: The parts --parts times: (label, owner kind, attribute(s), depth), nested as listed (a part includes the parts indented under
+#: it in the report); the lazy grid properties are made at the first stage after a regrid.
+_PARTS = (
+    ("a regrid (Solver._maybe_regrid; per regrid made)", "solver", "_maybe_regrid", 0),
+    ("the criteria (Refinement.flags)", "refinement", "flags", 1),
+    ("the new grid (AdaptiveHealpixGrid.adapt)", "grid", "adapt", 1),
+    ("2:1 balance (_balance)", "module", "_balance", 2),
+    ("faces (AdaptiveHealpixGrid._build_faces)", "grid", "_build_faces", 2),
+    ("stencils (AdaptiveHealpixGrid._stencil_neighbours)", "grid", "_stencil_neighbours", 2),
+    ("the density's transfer (transfer)", "module", "transfer", 1),
+    ("the field history's move (Solver._move_history)", "solver", "_move_history", 1),
+    ("the field at the new cells (Solver._refresh_new_cells)", "solver", "_refresh_new_cells", 2),
+    ("lazy: stencil_coef", "lazy", "stencil_coef", 0),
+    ("lazy: stencil_classes", "lazy", "stencil_classes", 0),
+    ("lazy: kernel_split + kernel_compact", "lazy", "kernel_split kernel_compact", 0),
+    ("a step attempt (Solver._try_step, with the lazy properties)", "solver", "_try_step", 0),
+    ("whole attention fields (Solver._head_means)", "solver", "_head_means", 0),
+)
+
+
+def _patched_parts(acc: dict):
+    """Wrap the classes' and module's functions of _PARTS (a cached property: its function) to add [calls,
+    seconds] to acc[label]; returns the undo list of (owner, name, original)."""
+    import spherepde.grids.adaptive as A
+    import spherepde.grids.base as GB
+
+    owners = {"solver": Solver, "grid": AdaptiveHealpixGrid, "refinement": Refinement, "module": A}
+    undo = []
+    for label, kind, names, _ in _PARTS:
+        acc[label] = [0, 0.0]
+        for name in names.split():
+            if kind == "lazy":  # where the class (or its base) defines the cached property
+                obj, name = AdaptiveHealpixGrid.__dict__.get(name) or GB.Grid.__dict__[name], "func"
+            else:
+                obj = owners[kind]
+            undo.append((obj, name, _timed_method(obj, name, acc, label)))
+    return undo
+
+
+def parts_breakdown(t_state: float, steps: int, repeat: int):
+    """Where the paper-scale run's time goes at its peak cell count: the --paper setting run to ``t_state``
+    (its cells near their most), then ``repeat`` times ``steps`` steps from that state (a fresh grid and solver
+    each time, two untimed steps first), each part of :data:`_PARTS` timed. Returns the state's cells and t,
+    the time to reach it, and per repeat the wall time, the regrids and acc."""
+    from spherepde import Attention
+    from spherepde.config import perturbed_uniform
+
+    p = MATRIX_PRESETS["paper"]
+    ref = Refinement(attention=1e9)
+    model = Attention(p["B"], p["V"], 100.0)
+    t0 = time.perf_counter()
+    s = Solver(AdaptiveHealpixGrid(32, 1024, refinement=ref, max_cells=3_000_000), model,
+               lambda x: perturbed_uniform(x, 0.05), Options(field_interval=40))
+    s.advance(t_state)
+    reach = time.perf_counter() - t0
+    uniq, f = s.grid.uniq.copy(), s.f.copy()
+    runs = []
+    for _ in range(repeat):
+        grid = AdaptiveHealpixGrid(32, 1024, uniq, refinement=ref, max_cells=3_000_000)
+        r = Solver(grid, model, f, Options(field_interval=40), t0=t_state)
+        for _ in range(2):
+            r.step()
+        acc = {}
+        undo = _patched_parts(acc)
+        try:
+            n0, w0 = r.n_regrids, time.perf_counter()
+            for _ in range(steps):
+                r.step()
+            runs.append((time.perf_counter() - w0, r.n_regrids - n0, acc))
+        finally:
+            for obj, name, orig in reversed(undo):
+                setattr(obj, name, orig)
+    return {"cells": len(uniq), "t": t_state, "reach_s": reach, "steps": steps, "runs": runs}
+
+
+def write_parts(r: dict):
+    walls = np.array([w for w, _, _ in r["runs"]])
+    regrids = int(np.median([n for _, n, _ in r["runs"]]))
+    lines = ["# Where the paper-scale run's time goes (validation/bench_adaptive.py --parts)", "",
+             f"The --paper setting (beta 100, AdaptiveHealpixGrid(32, 1024), Refinement(attention=1e9), "
+             f"field_interval 40) run to t = {r['t']:g} ({r['cells']} cells, near the run's most; "
+             f"{r['reach_s']:.0f} s to get there), then {len(r['runs'])} times {r['steps']} steps from that state; "
+             f"{numba.get_num_threads()} Numba thread(s), load average {os.getloadavg()[0]:.1f}. "
+             f"Wall time of the {r['steps']} steps: {np.median(walls):.2f} s [{walls.min():.2f}, {walls.max():.2f}], "
+             f"{regrids} regrids (every 2 steps of SSP-RK(4,3)).", "",
+             "Each part's seconds per call, median [min, max] over the repeats, and its share of the wall time "
+             "(indented parts are inside the part above them):", "",
+             "| part | calls | ms per call | share |", "|---|---|---|---|"]
+    for label, _, name, depth in _PARTS:
+        # _maybe_regrid is called every step and regrids every second one: per regrid made
+        n = [n if name == "_maybe_regrid" else acc[label][0] for _, n, acc in r["runs"]]
+        per = np.array([acc[label][1] / max(k, 1) * 1e3 for k, (_, _, acc) in zip(n, r["runs"])])
+        share = np.median([acc[label][1] / w for w, _, acc in r["runs"]])
+        calls = int(np.median(n))
+        lines.append(f"| {'&nbsp;&nbsp;' * depth}{label} | {calls} | {np.median(per):.1f} [{per.min():.1f}, "
+                     f"{per.max():.1f}] | {share:.0%} |")
+    text = "\n".join(lines + [""])
+    (HERE / "bench_adaptive_parts.md").write_text(text)
+    print(text)
+    return 0
 
 
 def attended_cost(repeat: int):
@@ -220,13 +330,24 @@ def main(argv=None):
     ap.add_argument("--attention", type=float, default=1e9,
                     help="Refinement.attention of --paper (default 1e9: refine on the variation of f only; the "
                          "default 0.5 starts on 786432 cells)")
+    ap.add_argument("--attention-variation", type=float, default=0.0,
+                    help="Refinement.attention_variation of --paper (default 0; Figure 4's ladder runs 0.25 with "
+                         "attention 0.5 and --attended-cells: validation/fig4_concentration)")
+    ap.add_argument("--attended-cells", action="store_true",
+                    help="Refinement(attended=True) in --paper (the cells that receive attention count as mass)")
+    ap.add_argument("--parts", action="store_true",
+                    help="only the breakdown of the --paper run's time by part at its peak cell count (t = 1.5, "
+                         "~180k cells; --steps steps, --repeat times): bench_adaptive_parts.md")
     ap.add_argument("--attended", action="store_true",
                     help="only the attended density's cost (pruned kernel against its dense twin): bench_attended.md")
     a = ap.parse_args(argv)
     if a.attended:
         return write_attended(*attended_cost(a.repeat), a.repeat)
+    if a.parts:
+        return write_parts(parts_breakdown(1.5, a.steps, a.repeat))
     if a.paper:
-        return write_paper(paper_scale(a.limit, a.attention, a.field_interval or None), a.limit)
+        return write_paper(paper_scale(a.limit, a.attention, a.field_interval or None,
+                                       a.attention_variation, a.attended_cells), a.limit)
     load = os.getloadavg()
     uni = HealpixGrid(a.nside)
     # a static grid of about the same count, three orders: nside/2 everywhere and a polar cap refined to
@@ -272,7 +393,7 @@ def write_paper(r: dict, limit: float):
     done = r["t"] >= 20.0 - 1e-9
     lines = ["# Paper-scale adaptive run (validation/bench_adaptive.py --paper)", "",
              "beta 100, paper matrices, perturbed f0 (eps 0.05), T = 20, AdaptiveHealpixGrid(32, 1024), "
-             f"Refinement(attention={r['attention']:g}), Options(field_interval={r['field_interval']}); machine {platform.processor() or platform.machine()}, "
+             f"{r['refinement']}, Options(field_interval={r['field_interval']}); machine {platform.processor() or platform.machine()}, "
              f"{numba.get_num_threads()} Numba thread(s), load average before the run {os.getloadavg()[0]:.1f}.", "",
              f"- wall time: {r['wall_s']:.0f} s (target <= 900 s){'' if done else f', stopped at the limit of {limit:g} s'}",
              f"- reached t = {r['t']:.3g} of 20 in {r['steps']} steps" + ("" if done else ": **not finished**"),
