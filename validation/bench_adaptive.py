@@ -16,9 +16,8 @@ Writes validation/bench_adaptive.md. ``--attended`` times only the attended dens
 ``Refinement(attended=True)`` (its pruned kernel against the dense twin): bench_attended.md. ``--paper [--limit 900] [--attention 1e9]`` runs only the paper-scale
 benchmark of the issue instead (beta 100, T = 20, perturbed f0, nside_min 32, nside_max 1024; wall time,
 the time reached within the limit, peak memory, the cell count against t): bench_adaptive_paper.md/.png.
-``--parts [--steps 20] [--repeat 3]``: where that run's time goes at its peak cell count, part by part (the
-regrid's criteria, new grid, balance, faces, stencils, transfer, field history; the stages; whole fields):
-bench_adaptive_parts.md.
+``--parts`` (bench_adaptive_parts.md: ``--steps 20 --repeat 3``): where that run's time goes at its peak cell count, part by part (the
+regrid's criteria, new grid, balance, faces, stencils, transfer, field history; the stages; whole fields).
 """
 from __future__ import annotations
 
