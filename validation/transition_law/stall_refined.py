@@ -86,9 +86,20 @@ def moments(grid, f) -> dict:
             "h": float(np.sqrt(grid.areas[near].min()))}
 
 
+def nearest(times, t: float) -> int:
+    """The index of the saved time nearest ``t``."""
+    return int(np.argmin(abs(np.asarray(times) - t)))
+
+
+def state_at(r, t: float):
+    """(index, grid, density) of the state of ``r`` saved nearest ``t``."""
+    i = nearest(r.times, t)
+    return i, r.grid_at(i), np.asarray(r.density[i])
+
+
 def rate_between(times, x2, t0=RATE_T0, t1=RATE_T1) -> float:
     times = np.asarray(times)
-    i, j = int(np.argmin(abs(times - t0))), int(np.argmin(abs(times - t1)))
+    i, j = nearest(times, t0), nearest(times, t1)
     return float(np.log(x2[j] / x2[i]) / (times[j] - times[i]))
 
 
@@ -102,7 +113,7 @@ def lag(q: dict, exact: float, t0: float = RATE_T0, t1: float = 20.0) -> float:
     """The time the run took over [t0, t1] beyond what the stall's growth from mean(x2)(t0) to mean(x2)(t1) takes
     at the ``exact`` rate (what t_EF is late by, when the rest of the run is right)."""
     t, x2 = np.asarray(q["times"]), np.asarray(q["x2"])
-    i, j = int(np.argmin(abs(t - t0))), int(np.argmin(abs(t - t1)))
+    i, j = nearest(t, t0), nearest(t, t1)
     return float((t[j] - t[i]) - np.log(x2[j] / x2[i]) / exact)
 
 
@@ -128,8 +139,8 @@ def solver_at(r, t0: float, grid_of, **options):
     member's options overridden by ``options``; the state's index)."""
     import spherepde as sp
 
-    i = int(np.argmin(abs(np.asarray(r.times) - t0)))
-    grid, f = grid_of(r.grid_at(i), np.asarray(r.density[i]))
+    i, g, f = state_at(r, t0)
+    grid, f = grid_of(g, f)
     opts = dict(cfl=0.8, field_interval=10)
     opts.update(options)
     return sp.Solver(grid, model(), f, sp.Options(**opts), t0=float(r.times[i])), i
@@ -197,8 +208,7 @@ def checks(r) -> dict:
     times = np.asarray(r.times)
     recon = {}
     for t in (13.0, 16.0):
-        i = int(np.argmin(abs(times - t)))
-        g, f = r.grid_at(i), np.asarray(r.density[i])
+        _, g, f = state_at(r, t)
         hx = g.centers[f * g.areas >= MASSIVE * (f * g.areas).max()]
         for n in (16384, 65536):  # every cell within 5 source cells of a massive one refined to n
             g0 = AdaptiveHealpixGrid(32, n, uniq=g.uniq, refinement=False, max_cells=3_000_000)
@@ -208,15 +218,13 @@ def checks(r) -> dict:
     out["exact_on_finer"] = recon
     exit_seed = {}
     for t in (5.0, 6.0, 7.0, 8.0):
-        i = int(np.argmin(abs(times - t)))
-        g, f = r.grid_at(i), np.asarray(r.density[i])
+        i, g, f = state_at(r, t)
         m, x = f * g.areas, g.centers
         tgt = np.flatnonzero(m >= MASSIVE * m.max())
         v = model().velocity_measure(x[tgt], x, m)
         exact = float(np.sum(m[tgt] * (v[:, 0] * x[tgt, 2] + x[tgt, 0] * v[:, 2])) / np.sum(m * x[:, 0] * x[:, 2]))
-        j = int(np.argmin(abs(times - t - 0.5)))
-        mj = np.asarray(r.density[j]) * r.grid_at(j).areas
-        xj = r.grid_at(j).centers
+        j, gj, fj = state_at(r, t + 0.5)
+        mj, xj = fj * gj.areas, gj.centers
         scheme = float(np.log(np.sum(mj * xj[:, 0] * xj[:, 2]) / np.sum(m * x[:, 0] * x[:, 2])) / (times[j] - times[i]))
         exit_seed[f"{t:g}"] = {"exact": exact, "scheme": scheme}
     out["exit_seed"] = exit_seed
@@ -257,9 +265,7 @@ def main():
                 continue
             times = np.asarray(r.times)
             sr = series(times, [measure(r.grid_at(k), r.density[k]) for k in range(len(times))])
-            sr["states"] = {f"{t:g}": moments(r.grid_at(int(np.argmin(abs(times - t)))),
-                                              r.density[int(np.argmin(abs(times - t)))])
-                            for t in (13.0, 14.0, 15.0, 16.0, 17.0, 18.0, 19.0)}
+            sr["states"] = {f"{t:g}": moments(*state_at(r, t)[1:]) for t in (13.0, 14.0, 15.0, 16.0, 17.0, 18.0, 19.0)}
             store("sources", str(n), sr)
         if a.checks:
             store("checks", None, checks(source(4096)))
