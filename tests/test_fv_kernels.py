@@ -634,3 +634,20 @@ def test_unlimited_outflows_are_the_limited_ones_bit_for_bit(grid_kind, courant)
     fv.limited_gradient(f, g.stencil, cls, coef, g.tangent_basis, side, g.areas, dt, False, free)
     theta_lt1 = np.linalg.norm(gr, axis=1) < np.linalg.norm(free, axis=1) * (1 - 1e-12)
     assert theta_lt1.sum() > 10 and (~theta_lt1 & (f > 0)).sum() > 10
+
+
+def test_incidence_numba_equals_numpy_twin():
+    """The Numba loop of incidence gives its NumPy twin's tables (faces, signs, counts) slot for slot, on
+    grids whose face lists are in owner order (HEALPix, tensor) and on an adaptive patch (sub-faces)."""
+    from spherepde.grids.base import _incidence_numpy, incidence
+    for g in _inflow_grids():
+        width = g.cell_faces.shape[1]
+        for a, b in zip(incidence(g.owner, g.neighbour, g.n_cells, width),
+                        _incidence_numpy(g.owner, g.neighbour, g.n_cells, width)):
+            assert np.array_equal(a, b) and a.dtype == b.dtype
+        # a face list out of owner order (reversed) too
+        for a, b in zip(incidence(g.owner[::-1], g.neighbour[::-1], g.n_cells, width),
+                        _incidence_numpy(g.owner[::-1], g.neighbour[::-1], g.n_cells, width)):
+            assert np.array_equal(a, b)
+    with pytest.raises(ValueError, match="more than 1 faces"):
+        incidence(np.array([0, 0]), np.array([1, 2]), 3, 1)

@@ -543,19 +543,18 @@ class AdaptiveHealpixGrid(Grid):
             self.cell_weights = _reuse.cell_weights
         self._cell_points = None
         self.centers = centers
-        self._build_faces(_reuse)
+        # a cell whose stencil is the same cells as in the grid adapted from (``same``) keeps its coefficients
+        # and its faces
+        nbrs, same = self._stencil_neighbours(_reuse, old)
+        self._build_faces(_reuse, old, same)
         self.xbar = xbar
-        nbrs = self._stencil_neighbours(_reuse, old)
         self.stencil = np.where(nbrs >= 0, nbrs, np.arange(N)[:, None]).astype(np.int32)
-        # a cell whose stencil is the same cells as in the grid adapted from keeps its coefficients
-        self._stencil_uniq = np.where(nbrs >= 0, self.uniq[np.maximum(nbrs, 0)], -1)
-        same = np.zeros(N, bool)
-        if _reuse is not None and have.any():
-            same[have] = np.all(_reuse._stencil_uniq[old[have]] == self._stencil_uniq[have], axis=1)
         self._same_stencil = same  # (kept_stencils: the cells whose gradient is the grid adapted from's)
         self.tangent_basis = tangent_frames(self.xbar)
-        self.stencil_coef_local = np.empty((N, STENCIL_WIDTH, 2))
-        self.stencil_coef_local[same] = _reuse.stencil_coef_local[old[same]] if same.any() else 0.0
+        # whole rows taken in order, the rows not the same made below (a masked gather and scatter of these
+        # 35 MB at 181k cells was 0.1 s of a regrid)
+        self.stencil_coef_local = (np.take(_reuse.stencil_coef_local, np.where(same, old, 0), axis=0)
+                                   if same.any() else np.zeros((N, STENCIL_WIDTH, 2)))
         # the ambient coefficients of those cells (stencil_coef), where the grid adapted from has made them:
         # the same local rows and frames (xbar copied), so the same bits; made when first asked for
         prev = _reuse.__dict__.get("stencil_coef") if _reuse is not None and same.any() else None
@@ -606,31 +605,38 @@ class AdaptiveHealpixGrid(Grid):
                              "raise max_cells, lower nside_max or refine less")
 
     # ------------------------------------------------------------------ faces
-    def _build_faces(self, reuse=None):
+    def _build_faces(self, reuse=None, old=None, same=None):
+        """The faces: each cell's edges towards a leaf of its order (once, from the cell first in the cell
+        order) or one order coarser (from this, the fine, side); a refined neighbour's children build the
+        sub-faces. Faces in cell order (owner, then neighbour: the pairs are distinct), for locality in the
+        kernels.
+
+        With the grid ``reuse`` this one was adapted from, ``old`` (each cell's index there, -1 if new) and
+        ``same`` (the cells whose stencil is the same leaves there, :meth:`_stencil_neighbours`): a cell whose
+        stencil is the same owns the same faces (its edge neighbours are leaves of that stencil), which are
+        ``reuse``'s renumbered, geometry and all; only the other cells' faces are searched, and matched to
+        ``reuse``'s faces through their owner's list there (a regrid changes ~2 % of the cells: the search
+        over all of them, the matching of every face key by a sort and the face sort were ~0.1 s of a regrid
+        at 181k cells)."""
         N = self.n_cells
-        cells = np.arange(N)
-        owners, neighs, edges = [], [], []
-        for k in _levels(self.order):
-            sel = cells[self.order == k]
-            nb = hp.get_all_neighbours(1 << int(k), self.ipix[sel], nest=True)  # (8, n)
-            for j, (e, _, _) in enumerate(_EDGES):
-                q = nb[e]
-                if np.any(q < 0):  # pragma: no cover - healpy guarantees edge neighbours exist
-                    raise RuntimeError("HEALPix edge neighbour missing")
-                leaf = self._leaves.containing(np.full(q.shape, k), q, up=1)  # equal, or the parent
-                lo = self.order[np.maximum(leaf, 0)]
-                same = np.where((leaf >= 0) & (lo == k), leaf, -1)
-                coarse = np.where((leaf >= 0) & (lo == k - 1), leaf, -1)
-                # same order: once, from the cell first in the cell order; coarser neighbour: from this
-                # (the fine) side; a refined neighbour's children build the sub-faces
-                emit_same = (same >= 0) & (sel < same)
-                emit_coarse = (same < 0) & (coarse >= 0)
-                pick = emit_same | emit_coarse
-                owners.append(sel[pick])
-                neighs.append(np.where(emit_same, same, coarse)[pick])
-                edges.append(np.full(int(pick.sum()), j, np.int8))
-        owner, neigh, edge = np.concatenate(owners), np.concatenate(neighs), np.concatenate(edges)
-        order = np.lexsort((neigh, owner))  # faces in cell order: locality in the kernels
+        if reuse is None:
+            old, same = np.full(N, -1, np.int64), np.zeros(N, bool)
+        kept = np.zeros(0, np.int64)  # reuse's faces that cells with the same stencil own
+        if same.any():
+            old2new = np.full(reuse.n_cells, -1, np.int64)
+            old2new[old[old >= 0]] = np.nonzero(old >= 0)[0]
+            owns = np.zeros(reuse.n_cells, bool)
+            owns[old[same]] = True
+            kept = np.nonzero(owns[reuse.owner])[0]
+        owner, neigh, edge = self._face_lists(np.nonzero(~same)[0])
+        if kept.size:  # (in reuse's face order, which the renumbering keeps: a stable sort merges two runs)
+            n_new = old2new[reuse.neighbour[kept]]
+            if np.any(n_new < 0):  # pragma: no cover - the stencil holds every edge neighbour
+                raise RuntimeError("a face of a cell with the same stencil lost its neighbour")
+            owner = np.concatenate([old2new[reuse.owner[kept]], owner])
+            neigh = np.concatenate([n_new, neigh])
+            edge = np.concatenate([(reuse._face_key[kept] % 4).astype(np.int8), edge])
+        order = np.argsort(owner * N + neigh, kind="stable")
         owner, neigh, edge = owner[order], neigh[order], edge[order]
         self.owner, self.neighbour = owner.astype(np.int32), neigh.astype(np.int32)
         # a face's geometry is that of edge `edge` of its owner (the fine side): keyed by (owner NUNIQ, edge)
@@ -641,10 +647,21 @@ class AdaptiveHealpixGrid(Grid):
             arrays = (np.empty((F, G, 3)), np.empty((F, G, 3)), np.empty((F, 3)), np.empty((F, 2, 3)))
             todo = np.ones(F, bool)
         else:
-            srt = np.argsort(reuse._face_key)
-            pos = np.minimum(np.searchsorted(reuse._face_key[srt], self._face_key), len(srt) - 1)
-            src = srt[pos]
-            hit = reuse._face_key[src] == self._face_key
+            src = np.full(F, -1, np.int64)  # reuse's face of the same key (owner NUNIQ, edge), -1 if none
+            pos = np.empty(F, np.int64)
+            pos[order] = np.arange(F)
+            src[pos[:kept.size]] = kept
+            # a searched face's owner, if kept, owns the face of the same key in reuse too: the one of its
+            # owned faces there (sign +1) on the same edge
+            rows = np.nonzero(src < 0)[0]
+            rows = rows[old[owner[rows]] >= 0]
+            o = old[owner[rows]]
+            cand = reuse.cell_faces[o]
+            match = (reuse.cell_face_sign[o] == 1) & (reuse._face_key[cand] % 4 == edge[rows, None])
+            found = match.any(axis=1)
+            src[rows[found]] = cand[found, np.argmax(match[found], axis=1)]
+            hit = src >= 0
+            src = np.maximum(src, 0)
             # every row gathered, whole rows in order (a masked gather and scatter was slower); the rows
             # that missed are made below
             arrays = tuple(np.take(b, src, axis=0) for b in (reuse.face_points, reuse.face_normals,
@@ -669,25 +686,53 @@ class AdaptiveHealpixGrid(Grid):
         if np.any(count < 4):  # pragma: no cover - a broken tiling
             raise RuntimeError("every cell of an adaptive HEALPix grid has at least four faces")
 
-    def _stencil_neighbours(self, reuse=None, old=None) -> np.ndarray:
-        """(N, STENCIL_WIDTH) the leaves touching each cell (edges and corners), -1 padded, sorted by index.
+    def _face_lists(self, cells):
+        """(owner, neighbour, edge) of the faces the cells ``cells`` (ascending) own, in no particular order."""
+        owners, neighs, edges = [], [], []
+        for k in _levels(self.order[cells]):
+            sel = cells[self.order[cells] == k]
+            nb = hp.get_all_neighbours(1 << int(k), self.ipix[sel], nest=True)  # (8, n)
+            for j, (e, _, _) in enumerate(_EDGES):
+                q = nb[e]
+                if np.any(q < 0):  # pragma: no cover - healpy guarantees edge neighbours exist
+                    raise RuntimeError("HEALPix edge neighbour missing")
+                leaf = self._leaves.containing(np.full(q.shape, k), q, up=1)  # equal, or the parent
+                lo = self.order[np.maximum(leaf, 0)]
+                same = np.where((leaf >= 0) & (lo == k), leaf, -1)
+                coarse = np.where((leaf >= 0) & (lo == k - 1), leaf, -1)
+                # same order: once, from the cell first in the cell order; coarser neighbour: from this
+                # (the fine) side; a refined neighbour's children build the sub-faces
+                emit_same = (same >= 0) & (sel < same)
+                emit_coarse = (same < 0) & (coarse >= 0)
+                pick = emit_same | emit_coarse
+                owners.append(sel[pick])
+                neighs.append(np.where(emit_same, same, coarse)[pick])
+                edges.append(np.full(int(pick.sum()), j, np.int8))
+        cat = lambda parts, dtype: np.concatenate(parts) if parts else np.zeros(0, dtype)  # noqa: E731
+        return cat(owners, np.int64), cat(neighs, np.int64), cat(edges, np.int8)
+
+    def _stencil_neighbours(self, reuse=None, old=None):
+        """(nbrs, same): (N, STENCIL_WIDTH) the leaves touching each cell (edges and corners), -1 padded,
+        sorted by index, and (N,) bool, the cells whose stencil is the same leaves as in ``reuse``.
 
         With the grid ``reuse`` this one was adapted from (``old``: each cell's index there, -1 if new): a
         kept cell all of whose old stencil leaves are still leaves has the same stencil (those leaves tile
         the ring around it, so no new leaf can touch it), renumbered; only the others are searched (a
-        regrid changes few cells: the search was 37 % of a regrid at 150k cells)."""
+        regrid changes few cells: the search was 37 % of a regrid at 150k cells), and their stencils are
+        not the same (one of their old leaves is gone)."""
         N = self.n_cells
         out = np.full((N, STENCIL_WIDTH), -1, np.int64)
         cells = np.arange(N)
         todo = np.ones(N, bool)
         if reuse is not None and np.any(old >= 0):
             rows = np.nonzero(old >= 0)[0]
-            # the old stencils in old indices, renumbered through the kept cells (-1: gone or padding); both
-            # grids number their cells in the Morton order of the finest level, so the renumbering keeps
-            # each row's order (ascending, -1 last)
+            # the old stencils in old indices, renumbered through the kept cells (-1: gone or padding, which
+            # is the cell itself in ``stencil``); both grids number their cells in the Morton order of the
+            # finest level, so the renumbering keeps each row's order (ascending, -1 last)
             old2new = np.full(reuse.n_cells + 1, -1, np.int64)
             old2new[old[rows]] = rows
-            prev = np.where(reuse._stencil_uniq[old[rows]] >= 0, reuse.stencil[old[rows]], reuse.n_cells)
+            prev = reuse.stencil[old[rows]]
+            prev = np.where(prev != old[rows, None], prev, reuse.n_cells)
             idx = old2new[prev]
             ok = np.all((prev == reuse.n_cells) | (idx >= 0), axis=1)
             out[rows[ok]] = idx[ok]
@@ -707,7 +752,7 @@ class AdaptiveHealpixGrid(Grid):
             srt = np.where(dup, np.iinfo(np.int64).max, srt)
             srt = np.sort(srt, axis=1)[:, :STENCIL_WIDTH]
             out[sel] = np.where(srt == np.iinfo(np.int64).max, -1, srt)
-        return out
+        return out, ~todo
 
     @cached_property
     def kernel_split(self):

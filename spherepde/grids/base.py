@@ -467,8 +467,37 @@ def _small_ints(a: np.ndarray) -> np.ndarray:
 
 
 def incidence(owner: np.ndarray, neighbour: np.ndarray, n_cells: int, width: int):
-    """Cell-to-face incidence arrays from the face lists (padding: face 0 with sign 0)."""
-    faces = np.zeros((n_cells, width), dtype=np.int32)  # int32/int8: less memory traffic in kernels
+    """Cell-to-face incidence arrays from the face lists (padding: face 0 with sign 0): each cell's faces it
+    owns in face order, then those it neighbours in face order. One pass over the faces (an adaptive grid
+    makes it at every regrid: 41 ms at 181k cells by sorts and np.add.at, :func:`_incidence_numpy`, its twin)."""
+    faces, sign, count, ok = _incidence_loop(np.asarray(owner, np.int64), np.asarray(neighbour, np.int64),
+                                             int(n_cells), int(width))
+    if not ok:
+        raise ValueError(f"a cell has more than {width} faces")
+    return faces, sign, count
+
+
+@njit(cache=True)
+def _incidence_loop(owner, neighbour, n_cells, width):
+    faces = np.zeros((n_cells, width), np.int32)  # int32/int8: less memory traffic in kernels
+    sign = np.zeros((n_cells, width), np.int8)
+    count = np.zeros(n_cells, np.int64)
+    for side in range(2):
+        cells, s = (owner, 1) if side == 0 else (neighbour, -1)
+        for f in range(len(cells)):
+            c = cells[f]
+            k = count[c]
+            if k >= width:
+                return faces, sign, count, False
+            faces[c, k] = f
+            sign[c, k] = s
+            count[c] = k + 1
+    return faces, sign, count, True
+
+
+def _incidence_numpy(owner: np.ndarray, neighbour: np.ndarray, n_cells: int, width: int):
+    """:func:`incidence` by sorts (its NumPy twin, for the tests)."""
+    faces = np.zeros((n_cells, width), dtype=np.int32)
     sign = np.zeros((n_cells, width), dtype=np.int8)
     count = np.zeros(n_cells, dtype=np.int64)
     for cells, s in ((owner, 1.0), (neighbour, -1.0)):
