@@ -51,7 +51,7 @@ from ..evaluation.methods import cap_geometry
 from ..kernels import attended as _att
 from ..kernels.fv import OUTFLOW_MARGIN
 from ._healpix_map import FACE_AREA, face_map
-from .base import (Grid, ambient_coef, incidence, least_squares_stencil, quadratic_pairs, quadratic_width,
+from .base import (Grid, _stencil_classes, ambient_coef, incidence, least_squares_stencil, quadratic_pairs, quadratic_width,
                    tangent_frames)
 from .healpix import _EDGES, HealpixGrid, _set_faces, _square_rule, edge_quadrature
 
@@ -558,7 +558,10 @@ class AdaptiveHealpixGrid(Grid):
         # the ambient coefficients of those cells (stencil_coef), where the grid adapted from has made them:
         # the same local rows and frames (xbar copied), so the same bits; made when first asked for
         prev = _reuse.__dict__.get("stencil_coef") if _reuse is not None and same.any() else None
-        self._coef_from = None if prev is None else (prev, old[same], np.nonzero(same)[0])
+        self._coef_from = None if prev is None else (prev, np.where(same, old, 0), same)
+        # the class hashes of the kept rows (stencil_classes), where the grid adapted from has made them
+        hashed = _reuse.__dict__.get("_class_hash_rows") if _reuse is not None and same.any() else None
+        self._classes_from = None if hashed is None else (hashed, np.where(same, old, 0), same)
         rows = np.nonzero(~same)[0]
         if rows.size:
             self.stencil_coef_local[rows] = least_squares_stencil(self.xbar, nbrs[rows], self.tangent_basis[rows],
@@ -567,6 +570,7 @@ class AdaptiveHealpixGrid(Grid):
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_coef_from"] = None  # a pickled grid makes its stencil_coef afresh (the same bits), not from a copy
+        state["_classes_from"] = None
         return state
 
     @cached_property
@@ -577,14 +581,22 @@ class AdaptiveHealpixGrid(Grid):
         src, self._coef_from = getattr(self, "_coef_from", None), None  # (the old array is not kept)
         if src is None:
             return ambient_coef(self.stencil_coef_local, self.tangent_basis)
-        prev, rows_old, rows = src
-        out = np.empty((self.n_cells,) + prev.shape[1:])
-        out[rows] = prev[rows_old]
-        rest = np.ones(self.n_cells, bool)
-        rest[rows] = False
+        prev, take, same = src
+        out = np.take(prev, take, axis=0)  # whole rows in order; the rows not the same made below
+        rest = ~same
         if rest.any():
             out[rest] = ambient_coef(self.stencil_coef_local[rest], self.tangent_basis[rest])
         return out
+
+    @cached_property
+    def stencil_classes(self) -> tuple[np.ndarray, np.ndarray]:
+        """:attr:`Grid.stencil_classes`, with the hashes of the rows a regrid kept taken from the grid adapted
+        from (the same bits as hashing all: the classes are the same)."""
+        src, self._classes_from = getattr(self, "_classes_from", None), None
+        known = None if src is None else (src[0][0], np.take(src[0][1], src[1]), src[2])
+        cls, table, scale, h = _stencil_classes(self.stencil_coef_local, known=known)
+        self._class_hash_rows = (scale, h)
+        return cls, table
 
     @property
     def cell_points(self) -> np.ndarray:

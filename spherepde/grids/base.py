@@ -726,19 +726,43 @@ def stencil_classes(coef: np.ndarray, rel: float = 1e-12):
     table : (C, S, t)
         One cell's coefficients per class; ``table[cls]`` equals ``coef`` to ``rel``.
     """
-    N = coef.shape[0]
-    flat = coef.reshape(N, -1)
-    scale = float(np.abs(flat).max()) if flat.size else 1.0
-    scale = scale if scale > 0 else 1.0
+    return _stencil_classes(coef, rel)[:2]
+
+
+def _class_scale(coef: np.ndarray) -> float:
+    """The largest coefficient of ``coef`` (1 where there is none or it is 0): :func:`stencil_classes`'s scale."""
+    scale = float(np.abs(coef).max()) if coef.size else 1.0
+    return scale if scale > 0 else 1.0
+
+
+def _class_hashes(flat: np.ndarray, scale: float) -> np.ndarray:
+    """(n,) int64: each row of ``flat`` (n, k) on a grid of step 1e-9 ``scale``, hashed (row by row: a row's
+    hash is the same whatever rows are hashed with it)."""
     # a grid of step 1e-9 relative: symmetric cells (differing by rounding, ~1e-13) share a key unless
     # a value sits on a rounding boundary (then the class is split: harmless, only a larger table)
     key = np.round(flat / (scale * 1e-9)).astype(np.int64)
     # rows to one 64-bit hash (wrapping products with fixed odd multipliers): np.unique of a 1-d array
     # instead of rows (a lexicographic sort, 5x slower). Equal rows hash equal; two different rows that
-    # collide would share a class, and the check below then returns one class per cell (never wrong).
+    # collide would share a class, and the check in _stencil_classes then returns one class per cell
     mult = np.random.default_rng(0x5EED).integers(1, 2 ** 62, key.shape[1], dtype=np.int64) | 1
     with np.errstate(over="ignore"):
-        h = (key * mult).sum(axis=1) if key.shape[1] else np.zeros(N, np.int64)
+        return (key * mult).sum(axis=1) if key.shape[1] else np.zeros(len(flat), np.int64)
+
+
+def _stencil_classes(coef: np.ndarray, rel: float = 1e-12, known=None):
+    """(cls, table, scale, hashes) of :func:`stencil_classes`; ``known``: (scale, hashes, rows) the hashes of
+    the rows ``rows`` (a boolean mask) made at ``scale`` before (an adapted grid's kept rows, equal bits),
+    used where the scale is the same (the same bits as hashing every row)."""
+    N = coef.shape[0]
+    flat = coef.reshape(N, -1)
+    scale = _class_scale(flat)
+    if known is not None and known[0] == scale:
+        h = known[1]
+        rest = ~known[2]
+        if rest.any():
+            h[rest] = _class_hashes(flat[rest], scale)
+    else:
+        h = _class_hashes(flat, scale)
     _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
     inverse = inverse.ravel()
     order = np.argsort(first, kind="stable")
@@ -747,8 +771,8 @@ def stencil_classes(coef: np.ndarray, rel: float = 1e-12):
     cls = rank[inverse].astype(np.int32)
     table = np.ascontiguousarray(coef[first[order]])
     if np.abs(table[cls] - coef).max() > rel * scale:  # pragma: no cover - keys equal means within 1e-9
-        return np.arange(N, dtype=np.int32), np.ascontiguousarray(coef)
-    return cls, table
+        return np.arange(N, dtype=np.int32), np.ascontiguousarray(coef), scale, h
+    return cls, table, scale, h
 
 
 def _tangent_basis(n: np.ndarray) -> np.ndarray:
