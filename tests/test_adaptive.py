@@ -1139,3 +1139,42 @@ def test_a_regrid_drops_the_pooled_moments_nobody_holds():
     for (free0, held0), (free1, held1) in counts:
         assert free1 == 0 and held1 == held0
     assert t1 == t2 and np.array_equal(f1, f2)
+
+
+def test_adapt_merges_exactly_the_complete_sibling_sets_flagged():
+    """adapt(coarsen=...) merges a parent iff all four of its children are leaves flagged for coarsening (and not
+    for refinement): the tiling equals the one made by counting the flagged children of each parent (np.unique
+    with counts, the reference), on random flags over a grid of mixed orders (where a flagged cell's siblings
+    are often refined further, so four consecutive flagged cells need not be siblings)."""
+    from spherepde.grids.adaptive import _balance, nest_to_uniq
+
+    g = AdaptiveHealpixGrid(2, 32).refined_where(lambda gr: gr.centers[:, 0] > 0.3)
+    g = g.refined_where(lambda gr: np.abs(gr.centers[:, 2]) < 0.4, max_passes=1)
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        crs = rng.random(g.n_cells) < 0.8
+        ref = rng.random(g.n_cells) < 0.01
+        new = g.adapt(refine=ref, coarsen=crs)
+        r = ref & (g.order < g.order_max)
+        c = crs & ~r & (g.order > g.order_min)
+        parent = nest_to_uniq(np.maximum(g.order - 1, 0), g.ipix >> 2)
+        cand = np.where(c, parent, -1)
+        vals, counts = np.unique(cand[cand >= 0], return_counts=True)
+        merged = vals[counts == 4]
+        gone = np.isin(cand, merged) & c
+        kids = nest_to_uniq(np.repeat(g.order[r] + 1, 4), ((g.ipix[r][:, None] << 2) + np.arange(4)).ravel())
+        want = _balance(np.concatenate([g.uniq[~r & ~gone], kids, merged]), g.order_min, g.order_max)
+        assert merged.size > 10 and np.array_equal(np.sort(new.uniq), np.sort(want))
+
+
+def test_error_blocks_number_the_sibling_sets_as_np_unique_does():
+    """AdaptiveHealpixGrid.error_blocks (a stable sort of the parents) numbers the blocks as np.unique's inverse
+    of the parents' NUNIQ does (cells of order 0 their own block): the same numbers, so the error control's
+    block sums are the same bits."""
+    from spherepde.grids.adaptive import nest_to_uniq
+
+    for g in (AdaptiveHealpixGrid(1, 16).refined_where(lambda gr: gr.centers[:, 0] > 0.2),
+              AdaptiveHealpixGrid(4, 64).refined_where(lambda gr: np.abs(gr.centers[:, 2]) > 0.9)):
+        parent = np.where(g.order > 0, nest_to_uniq(np.maximum(g.order - 1, 0), g.ipix >> 2), -g.uniq)
+        want = np.unique(parent, return_inverse=True)[1].ravel()
+        assert len(np.unique(g.order)) > 2 and np.array_equal(g.error_blocks, want)
