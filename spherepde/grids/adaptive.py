@@ -51,8 +51,8 @@ from ..evaluation.methods import cap_geometry
 from ..kernels import attended as _att
 from ..kernels.fv import OUTFLOW_MARGIN
 from ._healpix_map import FACE_AREA, face_map
-from .base import (Grid, _stencil_classes, ambient_coef, incidence, least_squares_stencil, quadratic_pairs, quadratic_width,
-                   tangent_frames)
+from .base import (Grid, _stencil_classes, ambient_coef, incidence, least_squares_stencil, quadratic_pairs,
+                   quadratic_width, tangent_frames)
 from .healpix import _EDGES, HealpixGrid, _set_faces, _square_rule, edge_quadrature
 
 __all__ = ["AdaptiveHealpixGrid", "Refinement", "attended_density", "nest_to_uniq", "uniq_to_nest", "transfer"]
@@ -850,7 +850,8 @@ class AdaptiveHealpixGrid(Grid):
         """The grid of the cells ``uniq`` (``self`` if they are this grid's), reusing this grid's geometry;
         ``balanced=False``: cells not known to tile the sphere 2:1 balanced, checked and balanced first."""
         uniq = np.asarray(uniq, np.int64)
-        if len(uniq) == self.n_cells and np.array_equal(np.sort(uniq, kind="stable"), np.sort(self.uniq, kind="stable")):
+        srt = lambda a: np.sort(a, kind="stable")  # noqa: E731 (ascending runs: merged, not sorted anew)
+        if len(uniq) == self.n_cells and np.array_equal(srt(uniq), srt(self.uniq)):
             return self
         return AdaptiveHealpixGrid(self.nside_min, self.nside_max, uniq, edge_points=self.edge_points,
                                    cell_order=self.cell_order, max_cells=self.max_cells, refinement=self.refinement,
