@@ -666,8 +666,8 @@ class AdaptiveHealpixGrid(Grid):
             # a searched face's owner, if kept, owns the face of the same key in reuse too: the one of its
             # owned faces there (sign +1) on the same edge
             rows = np.nonzero(src < 0)[0]
-            rows = rows[old[owner[rows]] >= 0]
             o = old[owner[rows]]
+            rows, o = rows[o >= 0], o[o >= 0]
             cand = reuse.cell_faces[o]
             match = (reuse.cell_face_sign[o] == 1) & (reuse._face_key[cand] % 4 == edge[rows, None])
             found = match.any(axis=1)
