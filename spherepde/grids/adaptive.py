@@ -545,23 +545,29 @@ class AdaptiveHealpixGrid(Grid):
         self.centers = centers
         # a cell whose stencil is the same cells as in the grid adapted from (``same``) keeps its coefficients
         # and its faces
-        nbrs, same = self._stencil_neighbours(_reuse, old)
-        self._build_faces(_reuse, old, same)
+        # each cell of _reuse's index here (-1: gone; one slot more, -1, for a stencil's padding)
+        old2new = None
+        if _reuse is not None:
+            old2new = np.full(_reuse.n_cells + 1, -1, np.int64)
+            old2new[old[have]] = np.nonzero(have)[0]
+        nbrs, same = self._stencil_neighbours(_reuse, old, old2new)
+        self._build_faces(_reuse, old, same, old2new)
         self.xbar = xbar
         self.stencil = np.where(nbrs >= 0, nbrs, np.arange(N)[:, None]).astype(np.int32)
         self._same_stencil = same  # (kept_stencils: the cells whose gradient is the grid adapted from's)
         self.tangent_basis = tangent_frames(self.xbar)
         # whole rows taken in order, the rows not the same made below (a masked gather and scatter of these
         # 35 MB at 181k cells was 0.1 s of a regrid)
-        self.stencil_coef_local = (np.take(_reuse.stencil_coef_local, np.where(same, old, 0), axis=0)
+        take = np.where(same, old, 0)  # each cell's row in _reuse's arrays where its stencil is the same
+        self.stencil_coef_local = (np.take(_reuse.stencil_coef_local, take, axis=0)
                                    if same.any() else np.zeros((N, STENCIL_WIDTH, 2)))
         # the ambient coefficients of those cells (stencil_coef), where the grid adapted from has made them:
         # the same local rows and frames (xbar copied), so the same bits; made when first asked for
         prev = _reuse.__dict__.get("stencil_coef") if _reuse is not None and same.any() else None
-        self._coef_from = None if prev is None else (prev, np.where(same, old, 0), same)
+        self._coef_from = None if prev is None else (prev, take, same)
         # the class hashes of the kept rows (stencil_classes), where the grid adapted from has made them
         hashed = _reuse.__dict__.get("_class_hash_rows") if _reuse is not None and same.any() else None
-        self._classes_from = None if hashed is None else (hashed, np.where(same, old, 0), same)
+        self._classes_from = None if hashed is None else (hashed, take, same)
         rows = np.nonzero(~same)[0]
         if rows.size:
             self.stencil_coef_local[rows] = least_squares_stencil(self.xbar, nbrs[rows], self.tangent_basis[rows],
@@ -617,14 +623,14 @@ class AdaptiveHealpixGrid(Grid):
                              "raise max_cells, lower nside_max or refine less")
 
     # ------------------------------------------------------------------ faces
-    def _build_faces(self, reuse=None, old=None, same=None):
+    def _build_faces(self, reuse=None, old=None, same=None, old2new=None):
         """The faces: each cell's edges towards a leaf of its order (once, from the cell first in the cell
         order) or one order coarser (from this, the fine, side); a refined neighbour's children build the
         sub-faces. Faces in cell order (owner, then neighbour: the pairs are distinct), for locality in the
         kernels.
 
-        With the grid ``reuse`` this one was adapted from, ``old`` (each cell's index there, -1 if new) and
-        ``same`` (the cells whose stencil is the same leaves there, :meth:`_stencil_neighbours`): a cell whose
+        With the grid ``reuse`` this one was adapted from, ``old`` (each cell's index there, -1 if new),
+        ``old2new`` (its inverse) and ``same`` (the cells whose stencil is the same leaves there, :meth:`_stencil_neighbours`): a cell whose
         stencil is the same owns the same faces (its edge neighbours are leaves of that stencil), which are
         ``reuse``'s renumbered, geometry and all; only the other cells' faces are searched, and matched to
         ``reuse``'s faces through their owner's list there (a regrid changes ~2 % of the cells: the search
@@ -635,8 +641,6 @@ class AdaptiveHealpixGrid(Grid):
             old, same = np.full(N, -1, np.int64), np.zeros(N, bool)
         kept = np.zeros(0, np.int64)  # reuse's faces that cells with the same stencil own
         if same.any():
-            old2new = np.full(reuse.n_cells, -1, np.int64)
-            old2new[old[old >= 0]] = np.nonzero(old >= 0)[0]
             owns = np.zeros(reuse.n_cells, bool)
             owns[old[same]] = True
             kept = np.nonzero(owns[reuse.owner])[0]
@@ -723,11 +727,12 @@ class AdaptiveHealpixGrid(Grid):
         cat = lambda parts, dtype: np.concatenate(parts) if parts else np.zeros(0, dtype)  # noqa: E731
         return cat(owners, np.int64), cat(neighs, np.int64), cat(edges, np.int8)
 
-    def _stencil_neighbours(self, reuse=None, old=None):
+    def _stencil_neighbours(self, reuse=None, old=None, old2new=None):
         """(nbrs, same): (N, STENCIL_WIDTH) the leaves touching each cell (edges and corners), -1 padded,
         sorted by index, and (N,) bool, the cells whose stencil is the same leaves as in ``reuse``.
 
-        With the grid ``reuse`` this one was adapted from (``old``: each cell's index there, -1 if new): a
+        With the grid ``reuse`` this one was adapted from (``old``: each cell's index there, -1 if new;
+        ``old2new``: its inverse, with a last slot -1): a
         kept cell all of whose old stencil leaves are still leaves has the same stencil (those leaves tile
         the ring around it, so no new leaf can touch it), renumbered; only the others are searched (a
         regrid changes few cells: the search was 37 % of a regrid at 150k cells), and their stencils are
@@ -741,8 +746,6 @@ class AdaptiveHealpixGrid(Grid):
             # the old stencils in old indices, renumbered through the kept cells (-1: gone or padding, which
             # is the cell itself in ``stencil``); both grids number their cells in the Morton order of the
             # finest level, so the renumbering keeps each row's order (ascending, -1 last)
-            old2new = np.full(reuse.n_cells + 1, -1, np.int64)
-            old2new[old[rows]] = rows
             prev = reuse.stencil[old[rows]]
             prev = np.where(prev != old[rows, None], prev, reuse.n_cells)
             idx = old2new[prev]
