@@ -265,7 +265,7 @@ class AttentionEvaluator:
             # the same estimates as "auto"
             t_series = REGISTRY["series"].cost(self, sub)
             frac = _m.pruned_fraction(self.model.tol, sub)
-            t_exact = nb_ * N * (frac / _m.PRUNED_RATE if frac < 0.5 else 1.0 / _m.DIRECT_RATE)
+            t_exact = nb_ * N * (frac / _m.pruned_rate(sub) if frac < 0.5 else 1.0 / _m.DIRECT_RATE)
             if exact == "tree":
                 t_exact = min(t_exact, REGISTRY["tree"].cost(self, sub))
             if self._series_pays(t_series, t_exact):

@@ -53,11 +53,17 @@ SUPER = 16
 #: Measured throughput of the direct kernel (kernel evaluations per CPU second, AVX2; 0.64-0.84e9 in
 #: validation/bench_attention.py since its base-2 two-stage loop), for the cost model of ``method="auto"``.
 DIRECT_RATE = 0.7e9
-#: Sources summed per CPU second inside the pruned method (its exact block sums). Measured 2026-12-06
-#: (2 threads, paper matrices, tol 1e-12; uniform tokens n = 1e5 and HEALPix nside 64 / 128 densities):
-#: 8.3-8.9e8 at beta 30, 7.3-8.2e8 at 100, 5.9-7.0e8 at 300, 4.9-5.6e8 at 1000 (it was 0.4e9, measured
-#: on an earlier kernel).
-PRUNED_RATE = 0.6e9
+#: Sources summed per CPU second inside the pruned method (its exact block sums), at concentration kappa
+#: 100, and its fall per decade of kappa (:func:`pruned_rate`). Measured 2026-12-06 (2 threads, paper
+#: matrices, whose B is orthogonal: kappa = beta; tol 1e-12; uniform tokens n = 1e5 and HEALPix nside 64 /
+#: 128 densities): 8.3-8.9e8 at beta 30, 7.3-8.2e8 at 100, 5.9-7.0e8 at 300, 4.9-5.6e8 at 1000; and
+#: 2026-12-08 on the paper-scale adaptive run's grid at t = 1.5 (181k cells, beta 100): 7.5-7.9e8. A flat
+#: 6e8 over-estimated the pruned sums 1.5x at beta 100, where "auto" then took the dual tree for the
+#: series' refused targets at 1.6x the pruned sums' time (6.7 s against 3.8 s an evaluation).
+PRUNED_RATE = 7.75e8
+PRUNED_RATE_PER_DECADE = 2.3e8
+#: The measured range: the rate is not extrapolated beyond it.
+PRUNED_RATE_RANGE = (4.9e8, 8.9e8)
 #: CPU seconds per source of the pruned method's blocks (:class:`SourceBlocks`), made once per source
 #: set and kept: 0.24-0.30 us a source of wall time on one thread (12k-197k HEALPix cells, measured
 #: 2026-12-07 with the compiled split, :func:`median_split`; 0.84-1.27 us with the segment loop in Python
@@ -181,6 +187,15 @@ def pruned_fraction(tol: float, p: Targets) -> float:
         n += int(np.count_nonzero(s >= s.max(axis=0) - gap))
     memo[tol] = frac = n / (len(idx) * p.N)
     return frac
+
+
+def pruned_rate(p: Targets) -> float:
+    """Sources the pruned method sums per CPU second for the targets of ``p``: PRUNED_RATE at the targets'
+    mean concentration kappa = 100, falling by PRUNED_RATE_PER_DECADE a decade of kappa (a fit of the
+    measurements at kappa 30-1000 to within their spread), held within PRUNED_RATE_RANGE."""
+    kappa = max(float(np.mean(p.kappa)), 1e-300)
+    rate = PRUNED_RATE - PRUNED_RATE_PER_DECADE * math.log10(kappa / 100.0)
+    return min(max(rate, PRUNED_RATE_RANGE[0]), PRUNED_RATE_RANGE[1])
 
 
 def spectral_degree(tol: float, kappa_max: float) -> tuple[int, int]:
@@ -410,7 +425,7 @@ class Pruned(Method):
     def cost(self, ev, p):
         frac = min(1.0, 1.2 * pruned_fraction(ev.model.tol, p))
         setup = 0.0 if self._blocks(ev, p) is not None else PRUNED_SETUP * p.N
-        return p.N * p.M * frac / PRUNED_RATE + p.M * (p.N / (BLOCK * SUPER)) * 2e-9 + setup
+        return p.N * p.M * frac / pruned_rate(p) + p.M * (p.N / (BLOCK * SUPER)) * 2e-9 + setup
 
     @staticmethod
     def _blocks(ev, p):
