@@ -651,3 +651,26 @@ def test_incidence_numba_equals_numpy_twin():
             assert np.array_equal(a, b)
     with pytest.raises(ValueError, match="more than 1 faces"):
         incidence(np.array([0, 0]), np.array([1, 2]), 3, 1)
+
+
+def test_take_rows_equals_numpy_take():
+    """take_rows (the regrid's parallel gather of kept rows) gives np.take(src, idx, axis=0) bit for bit: rows
+    of the shapes a regrid copies (face points (F, G, 3), stencil coefficients (N, W, 2), 1-d), float and
+    integer, a permutation with repeats, an empty index, a non-contiguous source; and refuses an index out
+    of range (NumPy's take would raise too; the kernel itself does not check)."""
+    from spherepde.kernels.arrays import take_rows
+
+    rng = np.random.default_rng(5)
+    for shape, dtype in (((1000, 6, 3), float), ((777, 12, 2), float), ((500,), np.int64), ((300, 4), np.int32)):
+        src = (rng.normal(size=shape) * 1e6).astype(dtype)
+        idx = rng.integers(0, shape[0], 2 * shape[0])
+        got = take_rows(src, idx)
+        assert got.dtype == src.dtype and got.shape == (len(idx),) + shape[1:]
+        assert np.array_equal(got, np.take(src, idx, axis=0))
+        assert take_rows(src, idx[:0]).shape == (0,) + shape[1:]
+    strided = rng.normal(size=(400, 6, 3))[::2]
+    assert np.array_equal(take_rows(strided, np.arange(200)[::-1]), strided[::-1])
+    with pytest.raises(IndexError, match="outside"):
+        take_rows(np.zeros((5, 2)), np.array([0, 5]))
+    with pytest.raises(IndexError, match="outside"):
+        take_rows(np.zeros((5, 2)), np.array([-1]))

@@ -49,6 +49,7 @@ import numpy as np
 from .._checks import finite_float, positive_int
 from ..evaluation.methods import cap_geometry
 from ..kernels import attended as _att
+from ..kernels.arrays import take_rows
 from ..kernels.fv import OUTFLOW_MARGIN
 from ._healpix_map import FACE_AREA, face_map
 from .base import (Grid, _stencil_classes, ambient_coef, incidence, least_squares_stencil, quadratic_pairs,
@@ -559,7 +560,7 @@ class AdaptiveHealpixGrid(Grid):
         # whole rows taken in order, the rows not the same made below (a masked gather and scatter of these
         # 35 MB at 181k cells was 0.1 s of a regrid)
         take = np.where(same, old, 0)  # each cell's row in _reuse's arrays where its stencil is the same
-        self.stencil_coef_local = (np.take(_reuse.stencil_coef_local, take, axis=0)
+        self.stencil_coef_local = (take_rows(_reuse.stencil_coef_local, take)
                                    if same.any() else np.zeros((N, STENCIL_WIDTH, 2)))
         # the ambient coefficients of those cells (stencil_coef), where the grid adapted from has made them:
         # the same local rows and frames (xbar copied), so the same bits; made when first asked for
@@ -588,7 +589,7 @@ class AdaptiveHealpixGrid(Grid):
         if src is None:
             return ambient_coef(self.stencil_coef_local, self.tangent_basis)
         prev, take, same = src
-        out = np.take(prev, take, axis=0)  # whole rows in order; the rows not the same made below
+        out = take_rows(prev, take)  # whole rows in order; the rows not the same made below
         rest = ~same
         if rest.any():
             out[rest] = ambient_coef(self.stencil_coef_local[rest], self.tangent_basis[rest])
@@ -680,7 +681,7 @@ class AdaptiveHealpixGrid(Grid):
             src = np.maximum(src, 0)
             # every row gathered, whole rows in order (a masked gather and scatter was slower); the rows
             # that missed are made below
-            arrays = tuple(np.take(b, src, axis=0) for b in (reuse.face_points, reuse.face_normals,
+            arrays = tuple(take_rows(b, src) for b in (reuse.face_points, reuse.face_normals,
                                                              reuse._face_mid, reuse.face_ends))
             todo = ~hit
             rows = np.nonzero(hit)[0]
