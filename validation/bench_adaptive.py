@@ -127,6 +127,19 @@ def _timed_method(obj, name: str, acc: dict, label: str | None = None):
     return inner
 
 
+def paper_solver(refinement: Refinement, field_interval: int | None = 40, cells=None, f=None, t0: float = 0.0):
+    """The paper setting's solver (--paper, --parts): beta 100, the paper matrices, AdaptiveHealpixGrid(32, 1024,
+    ``cells``) with ``refinement``, Options(field_interval=...); from the perturbed f0 (eps 0.05) at t = 0, or
+    from the cell averages ``f`` on ``cells`` at ``t0``."""
+    from spherepde import Attention
+    from spherepde.config import perturbed_uniform
+
+    p = MATRIX_PRESETS["paper"]
+    grid = AdaptiveHealpixGrid(32, 1024, cells, refinement=refinement, max_cells=3_000_000)
+    start = (lambda x: perturbed_uniform(x, 0.05)) if f is None else f
+    return Solver(grid, Attention(p["B"], p["V"], 100.0), start, Options(field_interval=field_interval), t0=t0)
+
+
 def paper_scale(limit_s: float, attention: float, field_interval: int | None = 40, attention_variation: float = 0.0,
                 attended: bool = False):
     """The issue's paper-scale run: beta 100, paper matrices, the perturbed f0 (eps 0.05), T = 20, nside_min
@@ -134,15 +147,9 @@ def paper_scale(limit_s: float, attention: float, field_interval: int | None = 4
     the wall time, the time reached, peak memory (max RSS, bytes) and the cell count against t."""
     import resource
 
-    from spherepde import Attention
-    from spherepde.config import perturbed_uniform
-
-    p = MATRIX_PRESETS["paper"]
     refinement = Refinement(attention=attention, attention_variation=attention_variation, attended=attended)
-    grid = AdaptiveHealpixGrid(32, 1024, refinement=refinement, max_cells=3_000_000)
     t0 = time.perf_counter()
-    s = Solver(grid, Attention(p["B"], p["V"], 100.0), lambda x: perturbed_uniform(x, 0.05),
-               Options(field_interval=field_interval))
+    s = paper_solver(refinement, field_interval)
     acc = {}
     for name in ("_head_means", "_maybe_regrid", "_try_step"):  # field evaluations, regrids, the stages
         _timed_method(s, name, acc)
@@ -202,22 +209,15 @@ def parts_breakdown(t_state: float, steps: int, repeat: int):
     (its cells near their most), then ``repeat`` times ``steps`` steps from that state (a fresh grid and solver
     each time, two untimed steps first), each part of :data:`_PARTS` timed. Returns the state's cells and t,
     the time to reach it, and per repeat the wall time, the regrids and acc."""
-    from spherepde import Attention
-    from spherepde.config import perturbed_uniform
-
-    p = MATRIX_PRESETS["paper"]
     ref = Refinement(attention=1e9)
-    model = Attention(p["B"], p["V"], 100.0)
     t0 = time.perf_counter()
-    s = Solver(AdaptiveHealpixGrid(32, 1024, refinement=ref, max_cells=3_000_000), model,
-               lambda x: perturbed_uniform(x, 0.05), Options(field_interval=40))
+    s = paper_solver(ref)
     s.advance(t_state)
     reach = time.perf_counter() - t0
     uniq, f = s.grid.uniq.copy(), s.f.copy()
     runs = []
     for _ in range(repeat):
-        grid = AdaptiveHealpixGrid(32, 1024, uniq, refinement=ref, max_cells=3_000_000)
-        r = Solver(grid, model, f, Options(field_interval=40), t0=t_state)
+        r = paper_solver(ref, cells=uniq, f=f, t0=t_state)
         for _ in range(2):
             r.step()
         acc = {}
