@@ -1488,3 +1488,48 @@ def test_transition_law_stall_lag_on_grid_limited_clusters_on_disk():
         t = key.split(",")[0].split()[1]
         assert abs(rate - src["4096"]["states"][t]["exact_rate"]) <= 3e-4, key
     assert all(abs(q["scheme"] - q["exact"]) <= 0.006 for q in ch["exit_seed"].values())
+
+
+def test_second_seed_on_disk_is_the_tails():
+    """transition_law/second_seed.json (README, "The second seed at the exit is the tails'"): Figure 4's beta 100
+    setting with f0's odd part b x2 set apart. The config is the perturbed f0 for b = eps (checked at random points
+    against spherepde.config.perturbed_uniform) and its even part for b = 0. On every level: with b = 0, mean(x2)
+    stays at round-off (<= 1e-12: the scheme keeps the x -> -x symmetry the equation has, so no seed is the
+    grid's); with b = eps / 10 the excursion after the exit is at least as large as with b = eps (not the
+    linear response of the seed, which would be 10x smaller); and at the exit, where the drift d mean(x2)/dt is
+    at least 10x its pre-exit size, the cells holding below 1e-6 of the heaviest cell's mass (<= 1e-5 of the
+    mass) carry it: without them the drift is at least 10x smaller or of the other sign. Mass to 1e-14."""
+    import json
+
+    import numpy as np
+
+    from spherepde.config import parse_config, perturbed_uniform
+    from validation.transition_law import second_seed as mod
+
+    x = np.random.default_rng(3).normal(size=(200, 3))
+    x /= np.linalg.norm(x, axis=1)[:, None]
+    f = parse_config(mod.config(128, mod.EPS, 11.0)).initial.density(3)
+    assert np.allclose(f(x), perturbed_uniform(x, mod.EPS), rtol=1e-14, atol=0)
+    even = parse_config(mod.config(128, 0.0, 11.0)).initial.density(3)
+    assert np.allclose(even(x), even(-x), rtol=1e-14, atol=0) and not np.allclose(f(x), f(-x), rtol=1e-3)
+    assert mod.run_name(256, 0.005) == "seed_256_b01" and mod.run_name(256, 0.0) == "seed_256_b0"
+
+    rec = json.loads((mod.HERE / "second_seed.json").read_text())
+    levels = sorted({r["nside_max"] for r in rec.values()})
+    assert levels == [128, 256] and len(rec) == 6
+    for n in levels:
+        by = {r["b"]: r for r in rec.values() if r["nside_max"] == n}
+        assert all(r["mass_drift"] <= 1e-14 for r in by.values())
+        assert max(abs(row["mean_x2"]) for row in by[0.0]["rows"]) <= 1e-12
+        late = {b: max(abs(row["mean_x2"]) for row in r["rows"] if row["t"] >= r["t_exit"] + 0.5)
+                for b, r in by.items() if b}
+        assert late[0.005] >= late[0.05]
+        for b in (0.005, 0.05):
+            d = by[b]["drift"]
+            pre = abs(d[0]["0"]["drift"])  # t_exit - 0.25
+            kicked = [e for e in d if abs(e["0"]["drift"]) >= 10 * pre]
+            assert kicked, (n, b)
+            for e in kicked:
+                full, clusters = e["0"]["drift"], e["1e-06"]["drift"]
+                assert e["1e-06"]["left_out"] <= 1e-5
+                assert abs(clusters) <= 0.1 * abs(full) or clusters * full < 0, (n, b, e["t"])
