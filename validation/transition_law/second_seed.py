@@ -40,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 EPS = 0.05
 BETA = 100.0
+NSIDE_MIN = 32  # Figure 4's base level at this beta (FALLBACK_LADDERS[0]); --nside-min: the tails' resolution
 CLUSTER_RADIUS = 0.1  # rad: the clusters' cells (at beta 100 the tails beyond hold < 1e-2 of the mass after t = 4)
 #: The drift's sources: all cells, then only those holding at least these fractions of the heaviest cell's mass.
 CUTS = (0.0, 1e-9, 1e-6)
@@ -47,19 +48,20 @@ CUTS = (0.0, 1e-9, 1e-6)
 DRIFT_AT = (-0.25, 0.0, 0.25, 0.5, 1.0)
 
 
-def run_name(nside_max: int, b: float) -> str:
+def run_name(nside_max: int, b: float, nside_min: int = NSIDE_MIN) -> str:
     """A run's name and directory: seed_<nside_max>_b<b over eps, its "0." written "0">: seed_256_b1 for b = eps,
-    seed_256_b01 for eps / 10, seed_256_b0 for 0."""
-    return f"seed_{nside_max}_b{b / EPS:g}".replace("b0.", "b0")
+    seed_256_b01 for eps / 10, seed_256_b0 for 0; "_min64" added for a base level other than NSIDE_MIN."""
+    return (f"seed_{nside_max}_b{b / EPS:g}".replace("b0.", "b0")
+            + ("" if nside_min == NSIDE_MIN else f"_min{nside_min}"))
 
 
-def config(nside_max: int, b: float, t_end: float) -> dict:
+def config(nside_max: int, b: float, t_end: float, nside_min: int = NSIDE_MIN) -> dict:
     """Figure 4's beta 100 setting with f0 = 1 + eps (x1 x2 + x3 x1 / 2) + b x2 (over 4 pi): the perturbed f0 for b = eps."""
     from validation.fig4_concentration.adaptive import FALLBACK_LADDERS
 
-    grid = dict(FALLBACK_LADDERS[0], type="adaptive", nside_max=int(nside_max))
+    grid = dict(FALLBACK_LADDERS[0], type="adaptive", nside_max=int(nside_max), nside_min=int(nside_min))
     q12, q13 = EPS / 2, EPS / 4  # x^T Q x = eps x1 x2 + eps x1 x3 / 2
-    return {"name": run_name(nside_max, b), "grid": grid,
+    return {"name": run_name(nside_max, b, nside_min), "grid": grid,
             "model": {"type": "attention", "B": "paper", "V": "paper", "beta": BETA, "tol": 1e-10},
             "time": {"t_end": float(t_end), "save_every": 0.25},
             "initial": {"type": "quadratic", "Q": [[0.0, q12, q13], [q12, 0.0, 0.0], [q13, 0.0, 0.0]],
@@ -109,7 +111,7 @@ def drift(result, i: int) -> dict:
     return out
 
 
-def run(levels, bs, t_end) -> dict:
+def run(levels, bs, t_end, nside_min: int = NSIDE_MIN) -> dict:
     from spherepde.diagnostics import exit_time
     from spherepde.io import load
     from spherepde.config import parse_config
@@ -118,12 +120,12 @@ def run(levels, bs, t_end) -> dict:
     out = {}
     for n in levels:
         for b in bs:
-            cfg = config(n, b, t_end)
+            cfg = config(n, b, t_end, nside_min)
             res = run_experiment(parse_config(cfg), HERE / "sweep_runs" / cfg["name"], figures=False)
             res = load(HERE / "sweep_runs" / cfg["name"] / "results.h5") if not hasattr(res, "grid_at") else res
             rows = split(res)
             t = [r["t"] for r in rows]
-            out[cfg["name"]] = {"nside_max": n, "b": b, "rows": rows, "wall_s": float(res.wall_time),
+            out[cfg["name"]] = {"nside_max": n, "nside_min": nside_min, "b": b, "rows": rows, "wall_s": float(res.wall_time),
                                 "steps": int(res.n_steps),
                                 "t_exit": exit_time(t, [r["align_E"] for r in rows]),
                                 "mass_drift": max(abs(float(np.asarray(res.density[i]) @ res.grid_at(i).areas) - 1)
@@ -136,15 +138,16 @@ def run(levels, bs, t_end) -> dict:
 
 
 def report(rec: dict) -> str:
-    names = sorted(rec, key=lambda k: (rec[k]["nside_max"], rec[k]["b"]))
+    names = sorted(rec, key=lambda k: (rec[k].get("nside_min", NSIDE_MIN), rec[k]["nside_max"], rec[k]["b"]))
     lines = ["# The second seed at the exit, beta 100 (validation/transition_law/second_seed.py)", "",
-             f"Figure 4's setting at beta {BETA:g} (the paper's B and V, attended refinement, nside_min 32, rtol 1e-3, "
+             f"Figure 4's setting at beta {BETA:g} (the paper's B and V, attended refinement, nside_min {NSIDE_MIN} "
+             "unless the table says another, rtol 1e-3, "
              f"cfl 0.8), f0 = (1 + {EPS:g} (x1 x2 + x3 x1 / 2) + b x2) / (4 pi): the perturbed f0 for b = {EPS:g}, "
              "its even part for b = 0. mean(x2) = sum of f |C| x2 over the cells; 'clusters' the cells within "
              f"{CLUSTER_RADIUS:g} rad of +-c (c the principal axis), 'tails' the rest. align E = <x1^2>.", "",
-             "| nside_max | b | t_exit | max abs mean(x2), t <= 8 | mean(x2) at t = 8 / b | after the exit: mean(x2) at "
+             "| nside_min | nside_max | b | t_exit | max abs mean(x2), t <= 8 | mean(x2) at t = 8 / b | after the exit: mean(x2) at "
              "9, 9.5, 10, 10.5, 11 | the most abs after 8.5 (t) | max abs tails' part, t >= 4 | mass drift | steps, solver wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for k in names:
         r = rec[k]
         rows = r["rows"]
@@ -156,7 +159,7 @@ def report(rec: dict) -> str:
         post = [m[np.argmin(abs(t - s))] for s in (9.0, 9.5, 10.0, 10.5, 11.0) if s <= t[-1] + 1e-9]
         late = t >= 8.5 - 1e-9
         j = np.argmax(np.abs(m[late]))
-        lines.append(f"| {r['nside_max']} | {r['b']:g} | {r['t_exit']:.3f} | {pre:.2e} | "
+        lines.append(f"| {r.get('nside_min', NSIDE_MIN)} | {r['nside_max']} | {r['b']:g} | {r['t_exit']:.3f} | {pre:.2e} | "
                      f"{(at8 / r['b']) if r['b'] else float('nan'):.4f} | {', '.join(f'{v:+.2e}' for v in post)} | "
                      f"{m[late][j]:+.2e} ({t[late][j]:g}) | {np.abs(tails).max():.1e} | {r['mass_drift']:.1e} | "
                      f"{r['steps']}, {r['wall_s']:.0f} |")
@@ -164,13 +167,13 @@ def report(rec: dict) -> str:
               "masses, at the cells holding >= 1e-6 of the heaviest cell's mass), with every cell as a source and "
               "without the cells below 1e-9 and 1e-6 of the heaviest cell's mass (the tails; the mass they hold in "
               "brackets):", "",
-              "| nside_max | b | t | mean(x2) | drift, all sources | without < 1e-9 max | without < 1e-6 max |",
-              "|---|---|---|---|---|---|---|"]
+              "| nside_min | nside_max | b | t | mean(x2) | drift, all sources | without < 1e-9 max | without < 1e-6 max |",
+              "|---|---|---|---|---|---|---|---|"]
     for k in names:
         r = rec[k]
         for d in r.get("drift", []):
             cells = [f"{d[f'{c:g}']['drift']:+.2e}" + (f" ({d[f'{c:g}']['left_out']:.1e})" if c else "") for c in CUTS]
-            lines.append(f"| {r['nside_max']} | {r['b']:g} | {d['t']:g} | {d['mean_x2']:+.2e} | " + " | ".join(cells) + " |")
+            lines.append(f"| {r.get('nside_min', NSIDE_MIN)} | {r['nside_max']} | {r['b']:g} | {d['t']:g} | {d['mean_x2']:+.2e} | " + " | ".join(cells) + " |")
     return "\n".join(lines + [""])
 
 
@@ -186,7 +189,7 @@ def plot(rec: dict, path: Path):
         r = rec[k]
         t = np.array([x["t"] for x in r["rows"]])
         m = np.array([x["mean_x2"] for x in r["rows"]])
-        lab = f"nside_max {r['nside_max']}, b = {r['b']:g}"
+        lab = f"nside_max {r['nside_max']}, b = {r['b']:g}" + (f", nside_min {r['nside_min']}" if r.get("nside_min", NSIDE_MIN) != NSIDE_MIN else "")
         ls = styles.get(r["nside_max"], "-.")
         if r["b"]:
             ax[0].plot(t, m / r["b"], ls, label=lab)
@@ -205,12 +208,13 @@ def main(argv=None):
     ap.add_argument("--levels", type=int, nargs="+", default=[128, 256])
     ap.add_argument("--b", type=float, nargs="+", default=[0.0, 0.005, EPS])
     ap.add_argument("--t-end", type=float, default=11.0)
+    ap.add_argument("--nside-min", type=int, default=NSIDE_MIN, help="the base level, where the tails are carried")
     ap.add_argument("--report-only", action="store_true")
     a = ap.parse_args(argv)
     path = HERE / "second_seed.json"
     rec = json.loads(path.read_text()) if path.exists() else {}
     if not a.report_only:
-        rec.update(run(a.levels, a.b, a.t_end))
+        rec.update(run(a.levels, a.b, a.t_end, a.nside_min))
         path.write_text(json.dumps(rec, indent=1))
     text = report(rec)
     (HERE / "second_seed.md").write_text(text)
