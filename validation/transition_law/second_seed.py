@@ -113,7 +113,6 @@ def drift(result, i: int) -> dict:
 
 def run(levels, bs, t_end, nside_min: int = NSIDE_MIN) -> dict:
     from spherepde.diagnostics import exit_time
-    from spherepde.io import load
     from spherepde.config import parse_config
     from spherepde.runner import run_experiment
 
@@ -122,7 +121,6 @@ def run(levels, bs, t_end, nside_min: int = NSIDE_MIN) -> dict:
         for b in bs:
             cfg = config(n, b, t_end, nside_min)
             res = run_experiment(parse_config(cfg), HERE / "sweep_runs" / cfg["name"], figures=False)
-            res = load(HERE / "sweep_runs" / cfg["name"] / "results.h5") if not hasattr(res, "grid_at") else res
             rows = split(res)
             t = [r["t"] for r in rows]
             out[cfg["name"]] = {"nside_max": n, "nside_min": nside_min, "b": b, "rows": rows, "wall_s": float(res.wall_time),
